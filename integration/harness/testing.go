@@ -1,0 +1,92 @@
+package harness
+
+import (
+	"context"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startTimeout bounds the start of the shared server. It is long because the Docker path may pull
+// an image.
+const startTimeout = 5 * time.Minute
+
+// shared is the one server of a test package, started by the first DSN or NewDatabase call.
+var shared struct {
+	once sync.Once
+	srv  *Server // nil if Start failed
+	err  error
+}
+
+func sharedServer() (*Server, error) {
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+		defer cancel()
+		shared.srv, shared.err = Start(ctx)
+	})
+	return shared.srv, shared.err
+}
+
+// Main runs the package's tests and benchmarks, then stops the shared server if a test started it,
+// and exits with the tests' exit code. Call it from TestMain:
+//
+//	func TestMain(m *testing.M) { harness.Main(m) }
+//
+// The server starts lazily, so a package whose selected tests need no server does not pay for one.
+// Without Main, the server still dies with the test process, but its temporary directory stays
+// until a later harness run removes it.
+func Main(m *testing.M) {
+	code := m.Run()
+	if shared.srv != nil {
+		if err := shared.srv.Close(); err != nil {
+			logf("%v", err)
+			if code == 0 {
+				code = 1
+			}
+		}
+	}
+	os.Exit(code)
+}
+
+// DSN returns the DSN of the package's shared server, starting it on first use. If no server can
+// be had, it fails tb at once with a message that says what to install.
+func DSN(tb testing.TB) string {
+	tb.Helper()
+	s, err := sharedServer()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s.DSN()
+}
+
+// Shared returns the package's shared server, starting it on first use, or fails tb like DSN.
+func Shared(tb testing.TB) *Server {
+	tb.Helper()
+	s, err := sharedServer()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// NewDatabase creates a fresh database on the shared server and returns its DSN. The database is
+// dropped, its remaining sessions closed, when tb's cleanups run.
+func NewDatabase(tb testing.TB) string {
+	tb.Helper()
+	s := Shared(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn, err := s.CreateDatabase(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := s.DropDatabase(ctx, dsn); err != nil {
+			tb.Error(err)
+		}
+	})
+	return dsn
+}
