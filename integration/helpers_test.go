@@ -1,0 +1,163 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// withParams appends query parameters to a URL DSN.
+func withParams(dsn, params string) string {
+	if params == "" {
+		return dsn
+	}
+	if strings.Contains(dsn, "?") {
+		return dsn + "&" + params
+	}
+	return dsn + "?" + params
+}
+
+// newDB returns the DSN of a fresh database with a table items(id, v) of n rows.
+func newDB(t testing.TB, n int) string {
+	t.Helper()
+	dsn := harness.NewDatabase(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `create table items (id int primary key, v int not null)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `insert into items select g, g from generate_series(1, $1::int) g`, n); err != nil {
+		t.Fatal(err)
+	}
+	return dsn
+}
+
+func newLanes(t testing.TB, dsn, params string) *pgxlanes.Pool {
+	t.Helper()
+	p, err := pgxlanes.New(context.Background(), withParams(dsn, params))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func newPgxpool(t testing.TB, dsn, params string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(context.Background(), withParams(dsn, params))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+// latencies collects durations from many goroutines.
+type latencies struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d)
+	l.mu.Unlock()
+}
+
+// quantile returns the q-quantile (0..1) and the count.
+func (l *latencies) quantile(q float64) (time.Duration, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(l.d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))], len(s)
+}
+
+func (l *latencies) max() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.d) == 0 {
+		return 0
+	}
+	return slices.Max(l.d)
+}
+
+// waitObserver records acquire waits per lane through the pgxlanes.Observer hook.
+type waitObserver struct {
+	waits [3]latencies
+}
+
+func (o *waitObserver) ObserveAcquire(e pgxlanes.AcquireEvent) {
+	if e.Err == nil {
+		o.waits[e.Lane].add(e.Wait)
+	}
+}
+func (o *waitObserver) ObserveRelease(pgxlanes.ReleaseEvent) {}
+
+// sessions returns pg_stat_database.sessions for the database of dsn once it has settled: the
+// counter is flushed by backends with a delay, so it is read until two reads agree.
+func sessions(t testing.TB, dsn string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, harness.DSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last int64 = -1
+	for range 50 {
+		var n int64
+		if _, err := conn.Exec(ctx, "select pg_stat_clear_snapshot()"); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.QueryRow(ctx, "select sessions from pg_stat_database where datname = $1", cfg.Database).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == last {
+			return n
+		}
+		last = n
+		time.Sleep(600 * time.Millisecond)
+	}
+	t.Fatalf("pg_stat_database.sessions did not settle")
+	return 0
+}
+
+// lanesIdle fails t unless no lane holds a slot and pgxpool has no acquired connection.
+func lanesIdle(t testing.TB, p *pgxlanes.Pool, when string) {
+	t.Helper()
+	st := p.Stat()
+	for _, l := range pgxlanes.Lanes() {
+		if ls := st.Lane(l); ls.InUse != 0 || ls.Waiting != 0 {
+			t.Fatalf("%s: %s lane holds %d slots, %d waiting", when, l, ls.InUse, ls.Waiting)
+		}
+	}
+	if n := st.AcquiredConns(); n != 0 {
+		t.Fatalf("%s: %d connections still acquired", when, n)
+	}
+}
+
+func fmtDur(d time.Duration) string { return fmt.Sprint(d.Round(10 * time.Microsecond)) }
+
+func itoa(n int) string { return fmt.Sprint(n) }

@@ -1,0 +1,431 @@
+package pgxlanes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
+
+	"github.com/pgxlanes/pgxlanes/reserve"
+)
+
+// clientTimeoutMargin is how long after the server's statement_timeout the client cancels a
+// plain query itself (for a frozen server or network). The server normally answers first, with
+// SQLSTATE 57014 and the connection intact.
+const clientTimeoutMargin = 100 * time.Millisecond
+
+// Pool is a connection pool split into lanes. It has the method set of *pgxpool.Pool, so it
+// replaces it with a change of import and constructor, satisfies sqlc's DBTX, and works with
+// pgx.BeginFunc, pgx.BeginTxFunc and pgx.CollectRows. It is safe for concurrent use.
+type Pool struct {
+	pool   *pgxpool.Pool
+	res    *reserve.Pool
+	config *Config
+	lanes  [numLanes]laneRuntime
+
+	obsMu     sync.Mutex // serializes AddObserver
+	observers atomic.Pointer[[]Observer]
+}
+
+// laneRuntime is a lane's configuration with the SQL derived from it, computed once in New.
+type laneRuntime struct {
+	cfg LaneConfig
+	// sessionSet is run when a statement or held connection of this lane starts, and sessionReset
+	// before its connection goes back, when the lane's timeouts differ from the session defaults
+	// (Short's, sent in the startup packet); both are "" otherwise.
+	sessionSet   string
+	sessionReset string
+	// beginSuffix follows BEGIN in the same round trip: SET LOCAL of the lane's timeouts.
+	beginSuffix string
+	// begin is the whole BEGIN for the default TxOptions, to spare an allocation per Begin.
+	begin string
+	// clientTimeout is when the client cancels a plain statement itself; 0 for none.
+	clientTimeout time.Duration
+}
+
+// callKind says how a call holds its connection.
+type callKind uint8
+
+const (
+	// kindStatement: one statement (Query, QueryRow, Exec, SendBatch, CopyFrom, Ping).
+	kindStatement callKind = iota
+	// kindTx: a transaction; its timeouts are SET LOCAL in the BEGIN round trip.
+	kindTx
+	// kindHeld: a held connection (Acquire, AcquireFunc).
+	kindHeld
+)
+
+// New creates a pool from a connection string. See ParseConfig for the lane parameters.
+func New(ctx context.Context, connString string) (*Pool, error) {
+	cfg, err := ParseConfig(connString)
+	if err != nil {
+		return nil, err
+	}
+	return NewWithConfig(ctx, cfg)
+}
+
+// NewWithConfig creates a pool from cfg, which must have been created by ParseConfig. If
+// MaxConns was changed after ParseConfig and the lanes were left as ParseConfig sized them, they
+// are sized again for the new MaxConns. Like pgxpool, it does not connect before the first use
+// unless MinConns > 0.
+func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
+	if cfg == nil {
+		return nil, errors.New("pgxlanes: Config must not be nil")
+	}
+	cfg = cfg.Copy()
+	if cfg.Config != nil && cfg.MaxConns != cfg.sizedFor && cfg.lanes() == cfg.sized {
+		if err := cfg.sizeLanes(); err != nil {
+			return nil, err
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	p := &Pool{config: cfg}
+	rc := reserve.Config{Size: int(cfg.MaxConns)}
+	short := cfg.Short
+	for _, l := range Lanes() {
+		lc := *cfg.Lane(l)
+		rc.Lanes = append(rc.Lanes, reserve.LaneConfig{Name: l.String(), Reserved: lc.Reserved, MaxConns: lc.MaxConns,
+			MaxWaiters: lc.MaxWaiters, Bounded: l == Short, AcquireTimeout: lc.AcquireTimeout})
+		lr := laneRuntime{cfg: lc}
+		if lc.StatementTimeout > 0 {
+			lr.clientTimeout = lc.StatementTimeout + clientTimeoutMargin
+		}
+		if lc.StatementTimeout != short.StatementTimeout || lc.LockTimeout != short.LockTimeout {
+			lr.sessionSet = "set statement_timeout = " + millis(lc.StatementTimeout) + "; set lock_timeout = " + millis(lc.LockTimeout)
+			lr.sessionReset = "reset statement_timeout; reset lock_timeout"
+			lr.beginSuffix = "; set local statement_timeout = " + millis(lc.StatementTimeout) + "; set local lock_timeout = " + millis(lc.LockTimeout)
+		}
+		lr.begin = "begin" + lr.beginSuffix
+		p.lanes[l] = lr
+	}
+	res, err := reserve.New(rc)
+	if err != nil {
+		return nil, fmt.Errorf("pgxlanes: %w", err)
+	}
+	p.res = res
+
+	pc := cfg.Config.Copy()
+	// Short's timeouts are the session defaults, sent in the startup packet: a short query needs
+	// no extra round trip. Other lanes override them with SET LOCAL or SET/RESET.
+	if pc.ConnConfig.RuntimeParams == nil {
+		pc.ConnConfig.RuntimeParams = map[string]string{}
+	}
+	pc.ConnConfig.RuntimeParams["statement_timeout"] = millis(short.StatementTimeout)
+	pc.ConnConfig.RuntimeParams["lock_timeout"] = millis(short.LockTimeout)
+	// A context that ends sends a protocol cancel request instead of closing the socket, so the
+	// connection survives; the socket is closed only if the server does not answer in time.
+	grace := cfg.CancelGrace
+	pc.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("pgxlanes: %w", err)
+	}
+	p.pool = pool
+	return p, nil
+}
+
+// millis renders d as whole milliseconds, rounded up, for a PostgreSQL timeout setting. Only
+// typed durations are ever written into SQL.
+func millis(d time.Duration) string {
+	ms := (d + time.Millisecond - 1) / time.Millisecond
+	return strconv.FormatInt(int64(ms), 10)
+}
+
+// acquire is the one place where a call gets a connection: classify, reserve a lane slot, get a
+// pgxpool connection, prepare the session. It returns the lease and the context the call's
+// statement runs under (with the client-side statement deadline for kindStatement).
+func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, context.Context, error) {
+	start := time.Now()
+	a := AnnotationsFrom(ctx)
+	lane := def
+	if a.LaneSet {
+		lane = a.Lane
+	}
+	if int(lane) >= numLanes {
+		return nil, ctx, fmt.Errorf("pgxlanes: unknown lane %v set with WithLane", lane)
+	}
+	lr := &p.lanes[lane]
+	slot, err := p.res.Acquire(ctx, int(lane))
+	if err != nil {
+		return nil, ctx, p.acquireFailed(lane, a.Tag, start, err)
+	}
+
+	acqCtx, cancelAcq := ctx, context.CancelFunc(nil)
+	if t := lr.cfg.AcquireTimeout; t > 0 {
+		deadline := start.Add(t)
+		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
+			acqCtx, cancelAcq = context.WithDeadline(ctx, deadline)
+		}
+	}
+	pc, err := p.pool.Acquire(acqCtx)
+	if cancelAcq != nil {
+		cancelAcq()
+	}
+	if err != nil {
+		p.res.Release(slot)
+		switch {
+		case ctx.Err() != nil:
+			err = p.laneError(lane, a.Tag, start, ctx.Err())
+		case errors.Is(err, context.DeadlineExceeded) && acqCtx != ctx:
+			err = p.laneError(lane, a.Tag, start, ErrAcquireTimeout)
+		case errors.Is(err, puddle.ErrClosedPool):
+			err = p.laneError(lane, a.Tag, start, ErrClosed)
+		default:
+			err = fmt.Errorf("pgxlanes: %s lane: %w", lane, err)
+		}
+		p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: time.Since(start), Err: err})
+		return nil, ctx, err
+	}
+
+	l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, tag: a.Tag, start: start}
+	if kind != kindTx && lr.sessionSet != "" {
+		if _, err := l.conn.Exec(ctx, lr.sessionSet); err != nil {
+			l.destroy()
+			err = fmt.Errorf("pgxlanes: %s lane: setting timeouts: %w", lane, err)
+			p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: time.Since(start), Err: err})
+			return nil, ctx, err
+		}
+		l.reset = lr.sessionReset
+	}
+	stmtCtx := ctx
+	if kind == kindStatement && lr.clientTimeout > 0 {
+		if d, ok := ctx.Deadline(); !ok || time.Until(d) > lr.clientTimeout {
+			stmtCtx, l.cancel = context.WithTimeout(ctx, lr.clientTimeout)
+		}
+	}
+	l.acquired = time.Now()
+	p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: l.acquired.Sub(start)})
+	return l, stmtCtx, nil
+}
+
+// acquireFailed converts an error from the reserve step and reports it.
+func (p *Pool) acquireFailed(lane Lane, tag string, start time.Time, err error) error {
+	var re *reserve.AcquireError
+	if errors.As(err, &re) {
+		err = fromReserve(lane, tag, re)
+	}
+	p.observeAcquire(AcquireEvent{Lane: lane, Tag: tag, Wait: time.Since(start), Err: err})
+	return err
+}
+
+// laneError builds an AcquireError with the lane's current figures.
+func (p *Pool) laneError(lane Lane, tag string, start time.Time, cause error) *AcquireError {
+	st := p.res.LaneStat(int(lane))
+	return &AcquireError{Lane: lane, Tag: tag, Waited: time.Since(start), InUse: st.InUse, MaxConns: st.MaxConns,
+		Waiting: st.Waiting, Err: cause}
+}
+
+// Close wakes every waiting caller with ErrClosed, refuses new calls, and closes all
+// connections. Like pgxpool's Close, it blocks until every acquired connection is returned.
+func (p *Pool) Close() {
+	p.res.Close()
+	p.pool.Close()
+}
+
+// Reset closes all idle connections and marks the others to be closed when returned; the lanes
+// and their counters are not affected.
+func (p *Pool) Reset() { p.pool.Reset() }
+
+// Config returns a copy of the configuration the pool was created with.
+func (p *Pool) Config() *Config { return p.config.Copy() }
+
+// Exec runs sql on a connection of the Short lane (or the lane ctx names), which is held until
+// Exec returns. ctx bounds the wait for a connection and the statement.
+func (p *Pool) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
+	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	defer l.release()
+	return l.conn.Exec(sctx, sql, arguments...)
+}
+
+// Query runs sql on a connection of the Short lane (or the lane ctx names). The connection and
+// its lane slot are held until the rows are closed: Rows.Close, or Next returning false. ctx
+// bounds the wait, the statement and the reading of the rows. On error the returned Rows is in
+// an error state, as with pgxpool.
+func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	if err != nil {
+		return errRows{err: err}, err
+	}
+	rows, err := l.conn.Query(sctx, sql, args...)
+	if err != nil {
+		l.release()
+		return errRows{err: err}, err
+	}
+	return &poolRows{r: rows, l: l}, nil
+}
+
+// QueryRow runs sql on a connection of the Short lane (or the lane ctx names). Errors are
+// deferred to Row.Scan, which also releases the connection.
+func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	if err != nil {
+		return errRow{err: err}
+	}
+	return &poolRow{r: l.conn.QueryRow(sctx, sql, args...), l: l}
+}
+
+// SendBatch sends b on a connection of the Short lane (or the lane ctx names), held until the
+// BatchResults is closed. A batch that begins a transaction with pgx.Batch.BeginTx keeps its
+// connection until that transaction ends, so it goes to the Tx lane unless ctx names a lane;
+// its statements keep the session defaults (Short's timeouts).
+func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	def := Short
+	if batchBeginsTx(b) {
+		def = Tx
+	}
+	l, sctx, err := p.acquire(ctx, def, kindStatement)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	br := l.conn.SendBatch(sctx, b)
+	if tx := br.Tx(); tx != nil {
+		return &poolBatchResults{br: br, tx: &poolTx{t: tx, l: l}}
+	}
+	return &poolBatchResults{br: br, l: l}
+}
+
+// batchBeginsTx reports whether b's first query begins a transaction (pgx.Batch.BeginTx queues
+// one); such a batch holds its connection for as long as the transaction lasts.
+func batchBeginsTx(b *pgx.Batch) bool {
+	if b == nil || len(b.QueuedQueries) == 0 {
+		return false
+	}
+	s := b.QueuedQueries[0].SQL
+	return len(s) >= 5 && (s[:5] == "begin" || s[:5] == "BEGIN")
+}
+
+// Begin starts a transaction on a connection of the Tx lane (or the lane ctx names). The
+// connection and its slot are held until Commit or Rollback. As with pgxpool, ctx affects only
+// the wait and the BEGIN: there is no rollback when it ends later; the lane's budget is what
+// bounds the transaction.
+func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
+	return p.BeginTx(ctx, pgx.TxOptions{})
+}
+
+// BeginTx is Begin with options. The lane's statement and lock timeouts are set with SET LOCAL in
+// the same round trip as BEGIN, so they vanish with the transaction.
+func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error) {
+	l, _, err := p.acquire(ctx, Tx, kindTx)
+	if err != nil {
+		return nil, err
+	}
+	t, err := l.conn.BeginTx(ctx, p.txOptions(l.lane, txOptions))
+	if err != nil {
+		l.release()
+		return nil, err
+	}
+	return &poolTx{t: t, l: l}, nil
+}
+
+// txOptions returns o with a BeginQuery that also sets the lane's timeouts.
+func (p *Pool) txOptions(lane Lane, o pgx.TxOptions) pgx.TxOptions {
+	lr := &p.lanes[lane]
+	if o == (pgx.TxOptions{}) {
+		o.BeginQuery = lr.begin
+		return o
+	}
+	if lr.beginSuffix == "" {
+		return o
+	}
+	if o.BeginQuery == "" {
+		o.BeginQuery = beginSQL(o)
+	}
+	o.BeginQuery += lr.beginSuffix
+	return o
+}
+
+// beginSQL renders the BEGIN statement for o as pgx does.
+func beginSQL(o pgx.TxOptions) string {
+	s := "begin"
+	if o.IsoLevel != "" {
+		s += " isolation level " + string(o.IsoLevel)
+	}
+	if o.AccessMode != "" {
+		s += " " + string(o.AccessMode)
+	}
+	if o.DeferrableMode != "" {
+		s += " " + string(o.DeferrableMode)
+	}
+	return s
+}
+
+// CopyFrom runs COPY FROM on a connection of the Tx lane (or the lane ctx names): a bulk load
+// has no bounded duration, so it does not use the Short lane.
+func (p *Pool) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	l, sctx, err := p.acquire(ctx, Tx, kindStatement)
+	if err != nil {
+		return 0, err
+	}
+	defer l.release()
+	return l.conn.CopyFrom(sctx, tableName, columnNames, rowSrc)
+}
+
+// Ping checks a connection of the Short lane (or the lane ctx names).
+func (p *Pool) Ping(ctx context.Context) error {
+	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	if err != nil {
+		return err
+	}
+	defer l.release()
+	return l.conn.Ping(sctx)
+}
+
+// Acquire returns a held connection of the Tx lane (or the lane ctx names). It and its slot are
+// held until Conn.Release or Conn.Hijack. If the lane's timeouts differ from Short's, they are set
+// on the session now and reset before the connection goes back.
+func (p *Pool) Acquire(ctx context.Context) (*Conn, error) {
+	l, _, err := p.acquire(ctx, Tx, kindHeld)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{l: l}, nil
+}
+
+// AcquireFunc acquires a connection as Acquire does, calls f with it, and releases it when f
+// returns or panics. ctx only affects the acquire.
+func (p *Pool) AcquireFunc(ctx context.Context, f func(*Conn) error) error {
+	c, err := p.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release()
+	return f(c)
+}
+
+// AcquireAllIdle acquires the idle connections that the lane ctx names (Tx by default) may take
+// without waiting; each gets a lane slot. The others are put back. Like pgxpool's, it is meant for
+// health checks and keep-alives.
+func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
+	lane := Tx
+	if a := AnnotationsFrom(ctx); a.LaneSet && int(a.Lane) < numLanes {
+		lane = a.Lane
+	}
+	idle := p.pool.AcquireAllIdle(ctx)
+	conns := make([]*Conn, 0, len(idle))
+	now := time.Now()
+	for _, pc := range idle {
+		slot, ok := p.res.TryAcquire(int(lane))
+		if !ok {
+			pc.Release()
+			continue
+		}
+		conns = append(conns, &Conn{l: &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, start: now, acquired: now}})
+	}
+	return conns
+}

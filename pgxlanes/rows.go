@@ -1,0 +1,106 @@
+package pgxlanes
+
+import (
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+type errRows struct{ err error }
+
+func (errRows) Close()                                       {}
+func (e errRows) Err() error                                 { return e.err }
+func (errRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (errRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (errRows) Next() bool                                   { return false }
+func (e errRows) Scan(dest ...any) error                     { return e.err }
+func (e errRows) Values() ([]any, error)                     { return nil, e.err }
+func (e errRows) RawValues() [][]byte                        { return nil }
+func (e errRows) Conn() *pgx.Conn                            { return nil }
+func (e errRows) TypeMap() *pgtype.Map                       { return nil }
+
+type errRow struct{ err error }
+
+func (e errRow) Scan(dest ...any) error { return e.err }
+
+// poolRows holds its lease until Close, or until Next returns false, or Scan or Values fail.
+type poolRows struct {
+	r pgx.Rows
+	l *lease
+}
+
+func (rows *poolRows) Close() {
+	rows.r.Close()
+	rows.l.release()
+}
+
+func (rows *poolRows) Err() error                    { return rows.r.Err() }
+func (rows *poolRows) CommandTag() pgconn.CommandTag { return rows.r.CommandTag() }
+func (rows *poolRows) FieldDescriptions() []pgconn.FieldDescription {
+	return rows.r.FieldDescriptions()
+}
+func (rows *poolRows) RawValues() [][]byte  { return rows.r.RawValues() }
+func (rows *poolRows) Conn() *pgx.Conn      { return rows.r.Conn() }
+func (rows *poolRows) TypeMap() *pgtype.Map { return rows.r.TypeMap() }
+
+func (rows *poolRows) Next() bool {
+	n := rows.r.Next()
+	if !n {
+		rows.Close()
+	}
+	return n
+}
+
+func (rows *poolRows) Scan(dest ...any) error {
+	err := rows.r.Scan(dest...)
+	if err != nil {
+		rows.Close()
+	}
+	return err
+}
+
+func (rows *poolRows) Values() ([]any, error) {
+	values, err := rows.r.Values()
+	if err != nil {
+		rows.Close()
+	}
+	return values, err
+}
+
+// poolRow releases its lease when Scan returns, or panics.
+type poolRow struct {
+	r pgx.Row
+	l *lease
+}
+
+func (row *poolRow) Scan(dest ...any) error {
+	defer row.l.release()
+	return row.r.Scan(dest...)
+}
+
+// poolBatchResults holds its lease until Close; when the batch began a transaction, the
+// transaction owns the lease instead and releases it on Commit or Rollback.
+type poolBatchResults struct {
+	br pgx.BatchResults
+	l  *lease
+	tx *poolTx
+}
+
+func (br *poolBatchResults) Exec() (pgconn.CommandTag, error) { return br.br.Exec() }
+func (br *poolBatchResults) Query() (pgx.Rows, error)         { return br.br.Query() }
+func (br *poolBatchResults) QueryRow() pgx.Row                { return br.br.QueryRow() }
+
+func (br *poolBatchResults) Close() error {
+	err := br.br.Close()
+	if br.l != nil {
+		br.l.release()
+	}
+	return err
+}
+
+func (br *poolBatchResults) Tx() pgx.Tx {
+	if br.tx == nil {
+		return nil
+	}
+	return br.tx
+}

@@ -1,0 +1,65 @@
+package pgxlanes
+
+import (
+	"fmt"
+	"time"
+)
+
+// Action is what the pool does when a lease (a transaction, a held connection, a query's open
+// rows) exceeds its lane's budget.
+type Action uint8
+
+const (
+	// ActionFlag logs a warning with the lease's lane, tag, backend PID, elapsed time and call
+	// site, and an info line when the lease is finally returned. The work goes on.
+	ActionFlag Action = iota + 1
+	// ActionCancel sends a protocol cancel request for the running statement: the transaction is
+	// aborted and the application's next statement fails. The connection survives.
+	ActionCancel
+	// ActionTerminate ends the server session (pg_terminate_backend over the guard connection),
+	// so the server rolls back and drops the locks at once, and gives the slot back to its lane.
+	ActionTerminate
+)
+
+// String returns "flag", "cancel" or "terminate".
+func (a Action) String() string {
+	switch a {
+	case ActionFlag:
+		return "flag"
+	case ActionCancel:
+		return "cancel"
+	case ActionTerminate:
+		return "terminate"
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// ParseAction returns the action called name ("flag", "cancel" or "terminate").
+func ParseAction(name string) (Action, error) {
+	for _, a := range []Action{ActionFlag, ActionCancel, ActionTerminate} {
+		if a.String() == name {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("pgxlanes: unknown over-budget action %q (actions are flag, cancel, terminate)", name)
+}
+
+// Violation describes one lease that exceeded its budget and what was done about it. It is a
+// struct so that fields can be added later.
+type Violation struct {
+	Lane    Lane
+	Tag     string
+	Action  Action
+	PID     uint32        // the server backend's process ID
+	Budget  time.Duration // the budget that was exceeded
+	Elapsed time.Duration // how long the lease had been held when the action was taken
+	// CallSite is where the lease was acquired ("file.go:123 pkg.Func"), when stack capture is on;
+	// "" otherwise.
+	CallSite string
+}
+
+// ViolationObserver is an optional interface of an Observer: an Observer that implements it also
+// receives every budget violation.
+type ViolationObserver interface {
+	ObserveViolation(Violation)
+}
