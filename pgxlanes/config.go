@@ -3,6 +3,7 @@ package pgxlanes
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 //	statement_timeout  5s             30s              0 (none)
 //	lock_timeout       1s             10s              30s
 //	budget             6s             30s              10m
+//	over_budget        cancel         cancel           flag
 type LaneConfig struct {
 	// Reserved connections no other lane's unbounded work may take (DSN lane_<lane>_reserved).
 	// Short's reserve is what keeps short queries from ever queueing behind transactions.
@@ -48,9 +50,21 @@ type LaneConfig struct {
 	// waiting on a row lock held by a transaction after 1s instead of queueing behind it. 0
 	// disables it.
 	LockTimeout time.Duration
-	// Budget is how long a transaction or held connection of this lane may last
-	// (lane_<lane>_budget); WithBudget overrides it per call. 0 means no budget.
+	// Budget is how long a lease of this lane (a transaction, a held connection, a query's open
+	// rows) may last (lane_<lane>_budget); WithBudget overrides it per call. 0 means no budget.
 	Budget time.Duration
+	// OverBudget is what happens to a lease that outlives its budget (lane_<lane>_over_budget =
+	// flag, cancel or terminate). The escalation ladder:
+	//
+	//	flag:      at Budget, a warning with the call site; the work goes on
+	//	cancel:    at Budget/2 a warning; at Budget the running statement is cancelled and the
+	//	           lease's next call fails; at 2×Budget, if still held, the session is terminated
+	//	terminate: at Budget/2 a warning; at Budget the session is terminated
+	//
+	// For cancel and terminate, BEGIN also sets idle_in_transaction_session_timeout (and caps
+	// statement_timeout) to just beyond the last step, so the server ends the transaction even if
+	// the client is frozen or gone.
+	OverBudget Action
 }
 
 // Config is the configuration of a Pool. Create it with ParseConfig; the embedded pgxpool.Config
@@ -66,6 +80,16 @@ type Config struct {
 	// protocol cancel request before its socket is closed. Default 2s. Cancelling instead of
 	// closing keeps the connection: a timed-out query costs no new server session.
 	CancelGrace time.Duration
+
+	// Logger receives the budget warnings and actions. Default slog.Default().
+	Logger *slog.Logger
+	// OnViolation, if set, is called for every flag, cancel and terminate, after it was carried out.
+	// It runs on the pool's guard goroutine: keep it short.
+	OnViolation func(Violation)
+	// CaptureCallSites records the stack of every acquire, so that budget warnings name the code
+	// that took the connection, as HikariCP's leak detection does. It costs an allocation and a
+	// stack walk per acquire: off by default; turn it on to hunt a leak.
+	CaptureCallSites bool
 
 	// sizedFor is the MaxConns the lanes were sized for, sized the lanes as ParseConfig left them
 	// and explicit the DSN's lane parameters; NewWithConfig resizes untouched lanes when MaxConns
@@ -127,6 +151,7 @@ var laneSettings = []struct {
 	name string
 	i    func(*LaneConfig) *int
 	d    func(*LaneConfig) *time.Duration
+	a    func(*LaneConfig) *Action
 }{
 	{name: "reserved", i: func(l *LaneConfig) *int { return &l.Reserved }},
 	{name: "max_conns", i: func(l *LaneConfig) *int { return &l.MaxConns }},
@@ -135,6 +160,7 @@ var laneSettings = []struct {
 	{name: "statement_timeout", d: func(l *LaneConfig) *time.Duration { return &l.StatementTimeout }},
 	{name: "lock_timeout", d: func(l *LaneConfig) *time.Duration { return &l.LockTimeout }},
 	{name: "budget", d: func(l *LaneConfig) *time.Duration { return &l.Budget }},
+	{name: "over_budget", a: func(l *LaneConfig) *Action { return &l.OverBudget }},
 }
 
 // sizeLanes sets every lane to its defaults for MaxConns, then applies the explicit DSN
@@ -149,18 +175,18 @@ func (c *Config) sizeLanes() error {
 	n := int(c.MaxConns)
 	shortReserved := min(max(n/4, 1), n-1)
 	c.Short = LaneConfig{Reserved: shortReserved, MaxConns: n, AcquireTimeout: time.Second,
-		StatementTimeout: 5 * time.Second, LockTimeout: time.Second, Budget: 6 * time.Second}
+		StatementTimeout: 5 * time.Second, LockTimeout: time.Second, Budget: 6 * time.Second, OverBudget: ActionCancel}
 	if err := c.applyExplicit(Short); err != nil {
 		return err
 	}
 	rest := max(n-c.Short.Reserved, 0)
 	c.Tx = LaneConfig{Reserved: rest / 2, MaxConns: rest, AcquireTimeout: 5 * time.Second,
-		StatementTimeout: 30 * time.Second, LockTimeout: 10 * time.Second, Budget: 30 * time.Second}
+		StatementTimeout: 30 * time.Second, LockTimeout: 10 * time.Second, Budget: 30 * time.Second, OverBudget: ActionCancel}
 	if err := c.applyExplicit(Tx); err != nil {
 		return err
 	}
 	c.Long = LaneConfig{Reserved: 0, MaxConns: max(rest/4, 1), AcquireTimeout: 30 * time.Second,
-		StatementTimeout: 0, LockTimeout: 30 * time.Second, Budget: 10 * time.Minute}
+		StatementTimeout: 0, LockTimeout: 30 * time.Second, Budget: 10 * time.Minute, OverBudget: ActionFlag}
 	if err := c.applyExplicit(Long); err != nil {
 		return err
 	}
@@ -208,6 +234,14 @@ func (c *Config) applyExplicit(l Lane) error {
 			continue
 		}
 		s := laneSettings[i]
+		if s.a != nil {
+			a, err := ParseAction(v)
+			if err != nil {
+				return fmt.Errorf("pgxlanes: DSN parameter %s: %q is not flag, cancel or terminate", k, v)
+			}
+			*s.a(lc) = a
+			continue
+		}
 		if s.i != nil {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
@@ -272,6 +306,9 @@ func (c *Config) validate() error {
 			if f.v < 0 {
 				return bad(f.field, f.setting, "must not be negative")
 			}
+		}
+		if lc.OverBudget < ActionFlag || lc.OverBudget > ActionTerminate {
+			return bad("OverBudget", "over_budget", "must be ActionFlag, ActionCancel or ActionTerminate, got %v", lc.OverBudget)
 		}
 		if lc.MaxConns < 1 {
 			return bad("MaxConns", "max_conns", "must be at least 1")

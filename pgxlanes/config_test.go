@@ -157,16 +157,24 @@ func TestBeginSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	o := p.txOptions(Tx, pgx.TxOptions{IsoLevel: "serializable", AccessMode: "read only"})
-	want := "begin isolation level serializable read only; set local statement_timeout = 1500; set local lock_timeout = 1"
+	o := p.txOptions(Tx, 30*time.Second, pgx.TxOptions{IsoLevel: "serializable", AccessMode: "read only"})
+	want := "begin isolation level serializable read only; set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 63000"
 	if o.BeginQuery != want {
 		t.Fatalf("BeginQuery %q, want %q", o.BeginQuery, want)
 	}
-	if got := p.txOptions(Tx, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 1500; set local lock_timeout = 1" {
+	if got := p.txOptions(Tx, 30*time.Second, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 63000" {
 		t.Fatalf("default BeginQuery %q", got)
 	}
-	// Short's timeouts are the session defaults: no SET LOCAL needed.
-	if got := p.txOptions(Short, pgx.TxOptions{}).BeginQuery; got != "begin" {
+	// Short's timeouts are the session defaults: only the budget's backstop (cancel at 6s,
+	// terminate at 12s, plus 1s) is set.
+	if got := p.txOptions(Short, 6*time.Second, pgx.TxOptions{}).BeginQuery; got != "begin; set local idle_in_transaction_session_timeout = 13000" {
 		t.Fatalf("short BeginQuery %q", got)
+	}
+	// A per-call budget (WithBudget) changes the backstops; the lane's flag action has none.
+	if got := p.txOptions(Tx, 2*time.Second, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 5000" {
+		t.Fatalf("tx BeginQuery with a 2s budget %q", got)
+	}
+	if got := p.txOptions(Long, time.Hour, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 0; set local lock_timeout = 30000" {
+		t.Fatalf("long BeginQuery %q", got)
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 // Conn is a held connection from Pool.Acquire. It has the methods of *pgxpool.Conn. It and its
 // lane slot are held until Release or Hijack. It must not be used by two goroutines at once.
+// Once the guard cancelled or terminated it for exceeding its budget, its calls fail with a
+// *BudgetError (errors.Is(err, ErrBudgetExceeded)).
 type Conn struct {
 	l *lease
 }
@@ -25,35 +27,53 @@ func (c *Conn) Hijack() *pgx.Conn { return c.l.hijack() }
 func (c *Conn) Lane() Lane { return c.l.lane }
 
 func (c *Conn) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	return c.l.conn.Exec(ctx, sql, arguments...)
+	return exec(c.l, c.l.conn.Exec, ctx, sql, arguments)
 }
 
 func (c *Conn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return c.l.conn.Query(ctx, sql, args...)
+	return query(c.l, c.l.conn.Query, ctx, sql, args)
 }
 
 func (c *Conn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return c.l.conn.QueryRow(ctx, sql, args...)
+	return queryRow(c.l, c.l.conn.QueryRow, ctx, sql, args)
 }
 
 func (c *Conn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := c.l.over(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
 	return c.l.conn.SendBatch(ctx, b)
 }
 
 func (c *Conn) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	return c.l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	if err := c.l.over(); err != nil {
+		return 0, err
+	}
+	n, err := c.l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	return n, c.l.wrap(err)
 }
 
 // Begin starts a transaction on the held connection; the lane's timeouts are already set on its
 // session. Ending the transaction does not release the connection.
-func (c *Conn) Begin(ctx context.Context) (pgx.Tx, error) { return c.l.conn.Begin(ctx) }
+func (c *Conn) Begin(ctx context.Context) (pgx.Tx, error) {
+	return c.BeginTx(ctx, pgx.TxOptions{})
+}
 
 // BeginTx is Begin with options.
 func (c *Conn) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error) {
-	return c.l.conn.BeginTx(ctx, txOptions)
+	if err := c.l.over(); err != nil {
+		return nil, err
+	}
+	t, err := c.l.conn.BeginTx(ctx, txOptions)
+	return t, c.l.wrap(err)
 }
 
-func (c *Conn) Ping(ctx context.Context) error { return c.l.conn.Ping(ctx) }
+func (c *Conn) Ping(ctx context.Context) error {
+	if err := c.l.over(); err != nil {
+		return err
+	}
+	return c.l.wrap(c.l.conn.Ping(ctx))
+}
 
 // Conn returns the underlying *pgx.Conn. It stays owned by the pool.
 func (c *Conn) Conn() *pgx.Conn { return c.l.conn }

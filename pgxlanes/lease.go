@@ -2,6 +2,7 @@ package pgxlanes
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -9,13 +10,32 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlanes/pgxlanes/reserve"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
-// resetTimeout bounds the RESET that restores a connection's session before it goes back.
-const resetTimeout = 5 * time.Second
+const (
+	// resetTimeout bounds the RESET that restores a connection's session before it goes back.
+	resetTimeout = 5 * time.Second
+	// cancelSettle is how long a connection whose statement the guard cancelled waits before it
+	// is reused: the server may deliver a cancel a little after it acknowledged it, and it must
+	// not hit the next caller's query (pgconn waits the same).
+	cancelSettle = 100 * time.Millisecond
+)
+
+// leaseState is guarded by lease.mu.
+type leaseState uint8
+
+const (
+	leaseActive leaseState = iota
+	leaseReleased
+	// leaseTerminated: the guard ended the session, took the connection out of pgxpool and freed
+	// the slot; the owner still has to close its *pgx.Conn.
+	leaseTerminated
+)
 
 // lease is one call's hold on a connection and its lane slot, from acquire to release. Every
-// wrapper (rows, row, batch, tx, conn) releases through it, exactly once.
+// wrapper (rows, row, batch, tx, conn) releases through it, exactly once, and the guard acts on it
+// through Act (budget.go).
 type lease struct {
 	p    *Pool
 	pc   *pgxpool.Conn
@@ -23,6 +43,7 @@ type lease struct {
 	slot reserve.Slot
 	lane Lane
 	tag  string
+	pid  uint32
 
 	start    time.Time // the call began waiting
 	acquired time.Time // the connection was ready
@@ -30,17 +51,49 @@ type lease struct {
 	cancel context.CancelFunc // ends the client-side statement deadline; nil if none
 	reset  string             // SQL restoring the session before release; "" if nothing to restore
 
-	released atomic.Bool
+	guard    txguard.Lease
+	callSite txguard.CallSite
+	// violation is set by the guard when it cancels or terminates; the wrappers then fail the
+	// lease's calls with it.
+	violation atomic.Pointer[BudgetError]
+	flagged   atomic.Bool
+
+	// mu orders the owner's release against the guard's cancel and terminate, so that the guard
+	// never cancels or terminates a connection already handed to someone else.
+	mu          sync.Mutex
+	state       leaseState
+	cancelledAt time.Time // when the guard cancelled, zero if it did not
 }
 
 // release returns the connection to pgxpool and the slot to the lane. It is safe to call more
 // than once; only the first call does anything.
 func (l *lease) release() {
-	if !l.released.CompareAndSwap(false, true) {
+	l.mu.Lock()
+	switch l.state {
+	case leaseReleased:
+		l.mu.Unlock()
+		return
+	case leaseTerminated:
+		// The guard freed the slot; the connection is dead and no longer pgxpool's.
+		l.state = leaseReleased
+		l.mu.Unlock()
+		l.endCtx()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = l.conn.Close(ctx)
+		cancel()
+		l.logReturned()
 		return
 	}
-	if l.cancel != nil {
-		l.cancel()
+	l.state = leaseReleased
+	cancelledAt := l.cancelledAt
+	l.mu.Unlock()
+
+	l.p.guard.Unwatch(&l.guard)
+	l.endCtx()
+	if !cancelledAt.IsZero() {
+		if d := time.Until(cancelledAt.Add(cancelSettle)); d > 0 {
+			time.Sleep(d)
+		}
 	}
 	if l.reset != "" && !l.conn.IsClosed() && l.conn.PgConn().TxStatus() == 'I' {
 		// A connection not idle is destroyed by pgxpool's Release anyway.
@@ -50,36 +103,44 @@ func (l *lease) release() {
 		if err != nil {
 			l.closeConn()
 			l.finish()
+			l.logReturned()
 			return
 		}
 	}
 	l.pc.Release()
 	l.finish()
+	l.logReturned()
 }
 
-// destroy closes the connection instead of returning it (its session could not be prepared).
+// destroy closes the connection instead of returning it (its session could not be prepared). It
+// runs before the lease is watched or handed out.
 func (l *lease) destroy() {
-	if !l.released.CompareAndSwap(false, true) {
-		return
-	}
-	if l.cancel != nil {
-		l.cancel()
-	}
+	l.state = leaseReleased
+	l.endCtx()
 	l.closeConn()
 	l.p.res.Release(l.slot)
 }
 
 // hijack takes the connection out of the pool for the caller and frees the slot.
 func (l *lease) hijack() *pgx.Conn {
-	if !l.released.CompareAndSwap(false, true) {
-		panic("pgxlanes: cannot hijack a connection already released or hijacked")
+	l.mu.Lock()
+	if l.state != leaseActive {
+		l.mu.Unlock()
+		panic("pgxlanes: cannot hijack a connection already released, hijacked or terminated")
 	}
-	if l.cancel != nil {
-		l.cancel()
-	}
+	l.state = leaseReleased
+	l.mu.Unlock()
+	l.p.guard.Unwatch(&l.guard)
+	l.endCtx()
 	c := l.pc.Hijack()
 	l.finish()
 	return c
+}
+
+func (l *lease) endCtx() {
+	if l.cancel != nil {
+		l.cancel()
+	}
 }
 
 func (l *lease) closeConn() {

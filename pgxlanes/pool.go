@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/jackc/puddle/v2"
 
 	"github.com/pgxlanes/pgxlanes/reserve"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // clientTimeoutMargin is how long after the server's statement_timeout the client cancels a
@@ -32,6 +34,10 @@ type Pool struct {
 	config *Config
 	lanes  [numLanes]laneRuntime
 
+	guard  *txguard.Guard
+	term   *txguard.Terminator
+	logger *slog.Logger
+
 	obsMu     sync.Mutex // serializes AddObserver
 	observers atomic.Pointer[[]Observer]
 }
@@ -44,7 +50,8 @@ type laneRuntime struct {
 	// (Short's, sent in the startup packet); both are "" otherwise.
 	sessionSet   string
 	sessionReset string
-	// beginSuffix follows BEGIN in the same round trip: SET LOCAL of the lane's timeouts.
+	// beginSuffix follows BEGIN in the same round trip for the lane's own budget: SET LOCAL of the
+	// lane's timeouts and of the budget's server-side backstops.
 	beginSuffix string
 	// begin is the whole BEGIN for the default TxOptions, to spare an allocation per Begin.
 	begin string
@@ -104,8 +111,8 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		if lc.StatementTimeout != short.StatementTimeout || lc.LockTimeout != short.LockTimeout {
 			lr.sessionSet = "set statement_timeout = " + millis(lc.StatementTimeout) + "; set lock_timeout = " + millis(lc.LockTimeout)
 			lr.sessionReset = "reset statement_timeout; reset lock_timeout"
-			lr.beginSuffix = "; set local statement_timeout = " + millis(lc.StatementTimeout) + "; set local lock_timeout = " + millis(lc.LockTimeout)
 		}
+		lr.beginSuffix = beginSuffix(lc, short, lc.Budget)
 		lr.begin = "begin" + lr.beginSuffix
 		p.lanes[l] = lr
 	}
@@ -134,7 +141,35 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		return nil, fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.pool = pool
+	p.logger = cfg.Logger
+	if p.logger == nil {
+		p.logger = slog.Default()
+	}
+	p.term = txguard.NewTerminator(cfg.ConnConfig)
+	p.guard = txguard.New()
 	return p, nil
+}
+
+// beginSuffix is what follows BEGIN, in the same round trip, for a transaction of lane lc with
+// budget b: SET LOCAL of the lane's timeouts where they differ from the session defaults (Short's),
+// and of the server-side backstops of the budget.
+func beginSuffix(lc, short LaneConfig, b time.Duration) string {
+	st := lc.StatementTimeout
+	idle := backstop(b, lc.OverBudget)
+	if idle > 0 && (st == 0 || st > idle) {
+		st = idle
+	}
+	s := ""
+	if st != short.StatementTimeout {
+		s += "; set local statement_timeout = " + millis(st)
+	}
+	if lc.LockTimeout != short.LockTimeout {
+		s += "; set local lock_timeout = " + millis(lc.LockTimeout)
+	}
+	if idle > 0 {
+		s += "; set local idle_in_transaction_session_timeout = " + millis(idle)
+	}
+	return s
 }
 
 // millis renders d as whole milliseconds, rounded up, for a PostgreSQL timeout setting. Only
@@ -191,6 +226,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 	}
 
 	l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, tag: a.Tag, start: start}
+	l.pid = l.conn.PgConn().PID()
 	if kind != kindTx && lr.sessionSet != "" {
 		if _, err := l.conn.Exec(ctx, lr.sessionSet); err != nil {
 			l.destroy()
@@ -207,6 +243,15 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 		}
 	}
 	l.acquired = time.Now()
+	budget := lr.cfg.Budget
+	if a.Budget > 0 {
+		budget = a.Budget
+	}
+	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: budget, Action: lr.cfg.OverBudget}
+	if p.config.CaptureCallSites {
+		l.callSite = txguard.Capture(2)
+	}
+	p.guard.Watch(&l.guard)
 	p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: l.acquired.Sub(start)})
 	return l, stmtCtx, nil
 }
@@ -233,6 +278,8 @@ func (p *Pool) laneError(lane Lane, tag string, start time.Time, cause error) *A
 func (p *Pool) Close() {
 	p.res.Close()
 	p.pool.Close()
+	p.guard.Close()
+	p.term.Close()
 }
 
 // Reset closes all idle connections and marks the others to be closed when returned; the lanes
@@ -325,7 +372,7 @@ func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, er
 	if err != nil {
 		return nil, err
 	}
-	t, err := l.conn.BeginTx(ctx, p.txOptions(l.lane, txOptions))
+	t, err := l.conn.BeginTx(ctx, p.txOptions(l.lane, l.guard.Budget, txOptions))
 	if err != nil {
 		l.release()
 		return nil, err
@@ -333,20 +380,24 @@ func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, er
 	return &poolTx{t: t, l: l}, nil
 }
 
-// txOptions returns o with a BeginQuery that also sets the lane's timeouts.
-func (p *Pool) txOptions(lane Lane, o pgx.TxOptions) pgx.TxOptions {
+// txOptions returns o with a BeginQuery that also sets the lane's timeouts and the backstops of
+// budget b.
+func (p *Pool) txOptions(lane Lane, b time.Duration, o pgx.TxOptions) pgx.TxOptions {
 	lr := &p.lanes[lane]
-	if o == (pgx.TxOptions{}) {
+	suffix := lr.beginSuffix
+	if b != lr.cfg.Budget {
+		suffix = beginSuffix(lr.cfg, p.lanes[Short].cfg, b)
+	} else if o == (pgx.TxOptions{}) {
 		o.BeginQuery = lr.begin
 		return o
 	}
-	if lr.beginSuffix == "" {
+	if suffix == "" {
 		return o
 	}
 	if o.BeginQuery == "" {
 		o.BeginQuery = beginSQL(o)
 	}
-	o.BeginQuery += lr.beginSuffix
+	o.BeginQuery += suffix
 	return o
 }
 
@@ -425,7 +476,11 @@ func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
 			pc.Release()
 			continue
 		}
-		conns = append(conns, &Conn{l: &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, start: now, acquired: now}})
+		l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, start: now, acquired: now}
+		l.pid = l.conn.PgConn().PID()
+		l.guard = txguard.Lease{Owner: l, Start: now, Budget: p.lanes[lane].cfg.Budget, Action: p.lanes[lane].cfg.OverBudget}
+		p.guard.Watch(&l.guard)
+		conns = append(conns, &Conn{l: l})
 	}
 	return conns
 }

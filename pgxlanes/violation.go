@@ -3,36 +3,26 @@ package pgxlanes
 import (
 	"fmt"
 	"time"
+
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // Action is what the pool does when a lease (a transaction, a held connection, a query's open
-// rows) exceeds its lane's budget.
-type Action uint8
+// rows) exceeds its lane's budget. See LaneConfig.OverBudget for the escalation ladder.
+type Action = txguard.Action
 
 const (
 	// ActionFlag logs a warning with the lease's lane, tag, backend PID, elapsed time and call
 	// site, and an info line when the lease is finally returned. The work goes on.
-	ActionFlag Action = iota + 1
+	ActionFlag = txguard.Flag
 	// ActionCancel sends a protocol cancel request for the running statement: the transaction is
-	// aborted and the application's next statement fails. The connection survives.
-	ActionCancel
+	// aborted and the application's next call fails with ErrBudgetExceeded. The connection
+	// survives.
+	ActionCancel = txguard.Cancel
 	// ActionTerminate ends the server session (pg_terminate_backend over the guard connection),
 	// so the server rolls back and drops the locks at once, and gives the slot back to its lane.
-	ActionTerminate
+	ActionTerminate = txguard.Terminate
 )
-
-// String returns "flag", "cancel" or "terminate".
-func (a Action) String() string {
-	switch a {
-	case ActionFlag:
-		return "flag"
-	case ActionCancel:
-		return "cancel"
-	case ActionTerminate:
-		return "terminate"
-	}
-	return fmt.Sprintf("action(%d)", uint8(a))
-}
 
 // ParseAction returns the action called name ("flag", "cancel" or "terminate").
 func ParseAction(name string) (Action, error) {

@@ -1,0 +1,372 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// logBuffer is a goroutine-safe slog JSON sink.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) records(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+func newGuardedPool(t *testing.T, dsn, params string, mod func(*pgxlanes.Config)) (*pgxlanes.Pool, *logBuffer) {
+	t.Helper()
+	cfg, err := pgxlanes.ParseConfig(withParams(dsn, params))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if mod != nil {
+		mod(cfg)
+	}
+	p, err := pgxlanes.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p, logs
+}
+
+func backendAlive(t *testing.T, pid uint32) bool {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, sharedDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1", int32(pid)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+// TestTerminateIdleTransaction: a transaction that sits on a row lock past its budget is
+// terminated: its backend is gone, the lock is free for a short UPDATE, its slot is back, and the
+// application's next statement and its Commit fail with ErrBudgetExceeded.
+func TestTerminateIdleTransaction(t *testing.T) {
+	ctx := context.Background()
+	const budget = time.Second
+	var violations []pgxlanes.Violation
+	var vmu sync.Mutex
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=4&lane_tx_budget=1s&lane_tx_over_budget=terminate", func(c *pgxlanes.Config) {
+		c.OnViolation = func(v pgxlanes.Violation) {
+			vmu.Lock()
+			violations = append(violations, v)
+			vmu.Unlock()
+		}
+	})
+	tx, err := p.Begin(pgxlanes.WithTag(ctx, "checkout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	pid := tx.Conn().PgConn().PID()
+	if _, err := tx.Exec(ctx, "select v from items where id = 1 for update"); err != nil {
+		t.Fatal(err)
+	}
+	// A second writer waits on the row lock (Long lane: lock_timeout 30s); when it gets through,
+	// the lock was released.
+	unlocked := make(chan time.Time, 1)
+	go func() {
+		_, err := p.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "update items set v = v + 100 where id = 1")
+		if err != nil {
+			t.Error(err)
+		}
+		unlocked <- time.Now()
+	}()
+	var released time.Time
+	select {
+	case released = <-unlocked:
+	case <-time.After(budget + 5*time.Second):
+		t.Fatal("the row lock was not released")
+	}
+	reaction := released.Sub(began.Add(budget))
+	t.Logf("budget %s exceeded → lock released after %s", budget, reaction.Round(time.Millisecond))
+	if reaction < 0 || reaction > 2*time.Second {
+		t.Fatalf("lock released %s after the budget ran out, want within (0, 2s]", reaction)
+	}
+	// The guard frees the slot once the server confirms the backend is gone.
+	eventually(t, time.Second, "backend gone and slot freed", func() bool {
+		return !backendAlive(t, pid) && p.Stat().Lane(pgxlanes.Tx).InUse == 0
+	})
+	// A short UPDATE of the row succeeds right away.
+	if _, err := p.Exec(ctx, "update items set v = 7 where id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	// The application learns it on its next call and on Commit.
+	_, err = tx.Exec(ctx, "update items set v = 8 where id = 1")
+	var be *pgxlanes.BudgetError
+	if !errors.Is(err, pgxlanes.ErrBudgetExceeded) || !errors.As(err, &be) {
+		t.Fatalf("next statement: %v, want ErrBudgetExceeded", err)
+	}
+	if be.Lane != pgxlanes.Tx || be.Tag != "checkout" || be.Budget != budget || be.Action != pgxlanes.ActionTerminate || be.Elapsed < budget {
+		t.Fatalf("budget error %+v", be)
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
+		t.Fatalf("Commit: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatalf("Rollback after termination: %v", err)
+	}
+	lanesIdle(t, p, "after the terminated transaction ended")
+	var v int
+	if err := p.QueryRow(ctx, "select v from items where id = 1").Scan(&v); err != nil || v != 7 {
+		t.Fatalf("v = %d (%v): the terminated transaction's write must not land", v, err)
+	}
+	vmu.Lock()
+	defer vmu.Unlock()
+	if len(violations) != 2 || violations[0].Action != pgxlanes.ActionFlag || violations[1].Action != pgxlanes.ActionTerminate ||
+		violations[1].PID != pid || violations[1].Tag != "checkout" {
+		t.Fatalf("violations %+v, want a flag then a terminate", violations)
+	}
+}
+
+// TestCancelRunningStatement: a transaction running pg_sleep past its budget is cancelled; the
+// connection survives and is reused after the rollback.
+func TestCancelRunningStatement(t *testing.T) {
+	ctx := context.Background()
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_tx_budget=300ms&lane_tx_over_budget=cancel", nil)
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := tx.Conn().PgConn().PID()
+	start := time.Now()
+	_, err = tx.Exec(ctx, "select pg_sleep(10)")
+	took := time.Since(start)
+	if !errors.Is(err, pgxlanes.ErrBudgetExceeded) || sqlState(err) != "57014" {
+		t.Fatalf("pg_sleep: %v, want ErrBudgetExceeded wrapping SQLSTATE 57014", err)
+	}
+	t.Logf("cancelled after %s (budget 300ms)", took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("cancel took %s", took)
+	}
+	if _, err := tx.Exec(ctx, "select 1"); !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
+		t.Fatalf("next statement: %v", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lanesIdle(t, p, "after rollback")
+	// The same connection serves the next transaction.
+	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+		if got := tx.Conn().PgConn().PID(); got != pid {
+			t.Errorf("next transaction on backend %d, want the cancelled one's %d", got, pid)
+		}
+		_, err := tx.Exec(ctx, "select 1")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Stat().NewConnsCount(); n != 1 {
+		t.Fatalf("%d connections opened, want 1", n)
+	}
+}
+
+// TestFlagOnly: with flag, the work goes on; exactly one warning names the call site, and a
+// "returned" line follows when the transaction ends.
+func TestFlagOnly(t *testing.T) {
+	ctx := context.Background()
+	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_tx_budget=200ms&lane_tx_over_budget=flag",
+		func(c *pgxlanes.Config) { c.CaptureCallSites = true })
+	tx, err := p.Begin(pgxlanes.WithTag(ctx, "slow-report"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if _, err := tx.Exec(ctx, "update items set v = 42 where id = 3"); err != nil {
+		t.Fatalf("flag must not stop the work: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recs := logs.records(t)
+	var warns, returned []map[string]any
+	for _, r := range recs {
+		switch r["msg"] {
+		case "pgxlanes: lease over budget":
+			warns = append(warns, r)
+		case "pgxlanes: flagged lease returned":
+			returned = append(returned, r)
+		}
+	}
+	if len(warns) != 1 || len(returned) != 1 {
+		t.Fatalf("logs %v: want one warning and one returned line", recs)
+	}
+	w := warns[0]
+	cs, _ := w["call_site"].(string)
+	if w["lane"] != "tx" || w["tag"] != "slow-report" || w["action"] != "flag" || !strings.Contains(cs, "budget_test.go") || w["pid"] == nil {
+		t.Fatalf("warning %v", w)
+	}
+	if !strings.Contains(returned[0]["call_site"].(string), "budget_test.go") {
+		t.Fatalf("returned line %v", returned[0])
+	}
+	t.Logf("warning: %v", w)
+}
+
+// TestLeakedConnectionFlagged: a connection from Acquire never released is flagged as a leak with
+// the call site that acquired it.
+func TestLeakedConnectionFlagged(t *testing.T) {
+	ctx := context.Background()
+	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_tx_budget=200ms&lane_tx_over_budget=flag",
+		func(c *pgxlanes.Config) { c.CaptureCallSites = true })
+	c, err := p.Acquire(ctx) // "forgotten"
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var found map[string]any
+		for _, r := range logs.records(t) {
+			if r["msg"] == "pgxlanes: lease over budget" {
+				found = r
+			}
+		}
+		if found != nil {
+			if cs, _ := found["call_site"].(string); !strings.Contains(cs, "TestLeakedConnectionFlagged") {
+				t.Fatalf("leak warning without the acquiring call site: %v", found)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("leaked connection never flagged")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.Release()
+}
+
+// TestTerminateWhenEveryLaneIsFull: the guard's connection lives outside the lanes, so it can
+// terminate transactions when no lane has a connection left.
+func TestTerminateWhenEveryLaneIsFull(t *testing.T) {
+	ctx := context.Background()
+	// 3 connections: short reserves 1, tx may hold 2.
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=3&lane_tx_budget=800ms&lane_tx_over_budget=terminate&lane_short_statement_timeout=10s&lane_short_budget=1m", nil)
+	var txs []pgx.Tx
+	for i := range 2 {
+		tx, err := p.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, "select v from items where id = $1 for update", i+1); err != nil {
+			t.Fatal(err)
+		}
+		txs = append(txs, tx)
+	}
+	shortDone := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(ctx, "select pg_sleep(3)") // the last connection
+		shortDone <- err
+	}()
+	for p.Stat().AcquiredConns() != 3 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Every connection is taken; a new transaction waits, and gets one once the guard frees it.
+	start := time.Now()
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatalf("Begin while the guard frees the lane: %v", err)
+	}
+	t.Logf("a new transaction got a connection after %s (budget 800ms)", time.Since(start).Round(time.Millisecond))
+	_ = tx.Rollback(ctx)
+	for _, tx := range txs {
+		if _, err := tx.Exec(ctx, "select 1"); !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
+			t.Fatalf("terminated transaction: %v", err)
+		}
+		_ = tx.Rollback(ctx)
+	}
+	if err := <-shortDone; err != nil {
+		t.Fatal(err)
+	}
+	lanesIdle(t, p, "at the end")
+}
+
+// TestGuardRacesNormalEnd: transactions end at about the instant the guard terminates them. Each
+// ends one way or the other, with the right error, never a double release (which panics) or a
+// leaked slot. Run under -race.
+func TestGuardRacesNormalEnd(t *testing.T) {
+	ctx := context.Background()
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=4&lane_tx_budget=40ms&lane_tx_over_budget=terminate", nil)
+	var committed, terminated atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 15 {
+				tx, err := p.Begin(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(30*time.Millisecond + time.Duration((g*7+i*3)%20)*time.Millisecond)
+				// The guard stores its verdict before it asks the server to terminate, so an error
+				// caused by the termination is always reported as a budget error.
+				switch err = tx.Commit(ctx); {
+				case err == nil:
+					committed.Add(1)
+				case errors.Is(err, pgxlanes.ErrBudgetExceeded):
+					terminated.Add(1)
+				default:
+					t.Errorf("commit: %v", err)
+				}
+				_ = tx.Rollback(ctx)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("committed %d, terminated %d", committed.Load(), terminated.Load())
+	if committed.Load()+terminated.Load() != 45 {
+		t.Fatalf("%d outcomes for 45 transactions", committed.Load()+terminated.Load())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Stat().AcquiredConns() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	lanesIdle(t, p, "after the race")
+	if err := p.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

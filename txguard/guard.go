@@ -1,0 +1,269 @@
+// Package txguard watches leases (transactions, held connections, open rows) against their
+// budgets with one goroutine and a timer heap, and walks each late lease up an escalation ladder:
+//
+//	action     at Budget/2   at Budget    at 2×Budget
+//	Flag       -             flag         -
+//	Cancel     flag          cancel       terminate (if still held)
+//	Terminate  flag          terminate    -
+//
+// A flag is a warning with the lease's call site; cancel stops the running statement; terminate
+// ends the server session. The guard only schedules: the lease's Owner carries the actions out.
+// Terminator ends sessions over a connection of its own, outside any pool.
+//
+// Cost: Watch and Unwatch are O(log n) under one mutex and allocate nothing; there is no goroutine
+// per lease. The timer is re-armed only when a lease is due earlier than every other, so a stream
+// of short leases that end on time wakes the goroutine about once per budget, not once per lease.
+package txguard
+
+import (
+	"container/heap"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Action is what happens to a lease that outlives its budget.
+type Action uint8
+
+const (
+	Flag Action = iota + 1
+	Cancel
+	Terminate
+)
+
+func (a Action) String() string {
+	switch a {
+	case Flag:
+		return "flag"
+	case Cancel:
+		return "cancel"
+	case Terminate:
+		return "terminate"
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// Owner carries out the guard's decisions about one lease. Act runs on the guard's goroutine for
+// Flag and on a goroutine of its own for Cancel and Terminate, so a slow cancel or termination
+// does not delay other leases. Act must cope with a lease that ended in the meantime.
+type Owner interface {
+	Act(a Action, elapsed time.Duration)
+}
+
+// Lease is one watched hold. The owner fills Owner, Start, Budget and Action before Watch and
+// does not change them while watched. Keep it inside the owner's own struct: Watch allocates
+// nothing.
+type Lease struct {
+	Owner  Owner
+	Start  time.Time
+	Budget time.Duration
+	Action Action
+
+	// Guarded by Guard.mu.
+	index int       // position in the heap, -1 when not watched
+	step  int       // next step of the ladder
+	at    time.Time // when the next step is due
+	guard *Guard
+}
+
+// ladder returns the lease's steps: what to do, at which multiple of half the budget.
+func (l *Lease) ladder() []step {
+	switch l.Action {
+	case Cancel:
+		return cancelLadder
+	case Terminate:
+		return terminateLadder
+	default:
+		return flagLadder
+	}
+}
+
+type step struct {
+	action Action
+	halves int // due at Start + halves × Budget/2
+}
+
+var (
+	flagLadder      = []step{{Flag, 2}}
+	cancelLadder    = []step{{Flag, 1}, {Cancel, 2}, {Terminate, 4}}
+	terminateLadder = []step{{Flag, 1}, {Terminate, 2}}
+)
+
+// LastStep returns how long after Start the ladder's last step is due: the latest time the guard
+// may act. Server-side backstops are set just beyond it.
+func (l *Lease) LastStep() time.Duration {
+	s := l.ladder()
+	return time.Duration(s[len(s)-1].halves) * l.Budget / 2
+}
+
+// Guard schedules the ladders of all watched leases.
+type Guard struct {
+	mu      sync.Mutex
+	h       leaseHeap
+	timer   *time.Timer
+	timerAt time.Time // when timer fires; zero when not armed
+	closed  bool
+
+	stop    chan struct{}
+	stopped chan struct{}
+	acts    sync.WaitGroup
+}
+
+// New starts a guard and its goroutine. Close stops it.
+func New() *Guard {
+	g := &Guard{
+		timer:   time.NewTimer(time.Hour),
+		stop:    make(chan struct{}),
+		stopped: make(chan struct{}),
+	}
+	g.timer.Stop()
+	go g.run()
+	return g
+}
+
+// Watch starts watching l. A lease with no budget is not watched. Watching a lease twice without
+// Unwatch panics: it is a bug in the owner.
+func (g *Guard) Watch(l *Lease) {
+	if l.Budget <= 0 || l.Owner == nil {
+		l.index = -1
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if l.guard != nil {
+		panic("txguard: lease watched twice")
+	}
+	if g.closed {
+		l.index = -1
+		return
+	}
+	l.guard = g
+	l.step = 0
+	l.at = l.Start.Add(time.Duration(l.ladder()[0].halves) * l.Budget / 2)
+	heap.Push(&g.h, l)
+	if g.timerAt.IsZero() || l.at.Before(g.timerAt) {
+		g.armLocked(l.at)
+	}
+}
+
+// Unwatch stops watching l. It is safe on a lease that is not (or no longer) watched.
+func (g *Guard) Unwatch(l *Lease) {
+	g.mu.Lock()
+	if l.index >= 0 && l.guard == g {
+		heap.Remove(&g.h, l.index)
+	}
+	l.guard = nil
+	g.mu.Unlock()
+}
+
+// Watched returns the number of leases watched.
+func (g *Guard) Watched() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.h)
+}
+
+// Close stops the guard's goroutine and waits for actions under way. Leases still watched are
+// dropped.
+func (g *Guard) Close() {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
+	g.closed = true
+	for _, l := range g.h {
+		l.index, l.guard = -1, nil
+	}
+	g.h = nil
+	g.mu.Unlock()
+	close(g.stop)
+	<-g.stopped
+	g.acts.Wait()
+}
+
+// armLocked makes the timer fire at t. Caller must hold g.mu.
+func (g *Guard) armLocked(t time.Time) {
+	g.timerAt = t
+	g.timer.Reset(time.Until(t))
+}
+
+type due struct {
+	owner   Owner
+	action  Action
+	elapsed time.Duration
+}
+
+func (g *Guard) run() {
+	defer close(g.stopped)
+	var batch []due
+	for {
+		select {
+		case <-g.stop:
+			g.timer.Stop()
+			return
+		case <-g.timer.C:
+		}
+		batch = g.collect(batch[:0], time.Now())
+		for _, d := range batch {
+			if d.action == Flag {
+				d.owner.Act(Flag, d.elapsed)
+				continue
+			}
+			g.acts.Add(1)
+			go func() {
+				defer g.acts.Done()
+				d.owner.Act(d.action, d.elapsed)
+			}()
+		}
+	}
+}
+
+// collect takes the steps due by now off the heap, advances their leases' ladders and re-arms the
+// timer for the next step due.
+func (g *Guard) collect(batch []due, now time.Time) []due {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.timerAt = time.Time{}
+	for len(g.h) > 0 && !g.h[0].at.After(now) {
+		l := g.h[0]
+		steps := l.ladder()
+		batch = append(batch, due{l.Owner, steps[l.step].action, now.Sub(l.Start)})
+		l.step++
+		if l.step < len(steps) {
+			l.at = l.Start.Add(time.Duration(steps[l.step].halves) * l.Budget / 2)
+			heap.Fix(&g.h, 0)
+		} else {
+			heap.Pop(&g.h)
+			l.guard = nil
+		}
+	}
+	if len(g.h) > 0 {
+		g.armLocked(g.h[0].at)
+	}
+	return batch
+}
+
+// leaseHeap orders leases by their next step's time.
+type leaseHeap []*Lease
+
+func (h leaseHeap) Len() int           { return len(h) }
+func (h leaseHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h leaseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *leaseHeap) Push(x any) {
+	l := x.(*Lease)
+	l.index = len(*h)
+	*h = append(*h, l)
+}
+func (h *leaseHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	l.index = -1
+	*h = old[:len(old)-1]
+	return l
+}

@@ -1,0 +1,199 @@
+package txguard
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+type event struct {
+	action  Action
+	elapsed time.Duration
+}
+
+type recorder struct {
+	mu     sync.Mutex
+	events []event
+}
+
+func (r *recorder) Act(a Action, elapsed time.Duration) {
+	r.mu.Lock()
+	r.events = append(r.events, event{a, elapsed})
+	r.mu.Unlock()
+}
+
+func (r *recorder) got() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]event(nil), r.events...)
+}
+
+func TestLadders(t *testing.T) {
+	tests := []struct {
+		action Action
+		want   []event
+	}{
+		{Flag, []event{{Flag, 10 * time.Second}}},
+		{Cancel, []event{{Flag, 5 * time.Second}, {Cancel, 10 * time.Second}, {Terminate, 20 * time.Second}}},
+		{Terminate, []event{{Flag, 5 * time.Second}, {Terminate, 10 * time.Second}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.action.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := New()
+				defer g.Close()
+				r := &recorder{}
+				l := &Lease{Owner: r, Start: time.Now(), Budget: 10 * time.Second, Action: tc.action}
+				g.Watch(l)
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				got := r.got()
+				if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Fatalf("events %v, want %v", got, tc.want)
+				}
+				if g.Watched() != 0 {
+					t.Fatalf("%d leases still watched after the ladder", g.Watched())
+				}
+				if l.LastStep() != tc.want[len(tc.want)-1].elapsed {
+					t.Fatalf("LastStep %v", l.LastStep())
+				}
+			})
+		})
+	}
+}
+
+func TestUnwatchStopsTheLadder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New()
+		defer g.Close()
+		r := &recorder{}
+		l := &Lease{Owner: r, Start: time.Now(), Budget: 10 * time.Second, Action: Cancel}
+		g.Watch(l)
+		time.Sleep(7 * time.Second) // past the flag, before the cancel
+		synctest.Wait()
+		g.Unwatch(l)
+		g.Unwatch(l) // safe twice
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := r.got(); len(got) != 1 || got[0].action != Flag {
+			t.Fatalf("events %v, want only the flag", got)
+		}
+		// A released lease can be watched again (a pooled lease struct reused).
+		l.Start = time.Now()
+		g.Watch(l)
+		g.Unwatch(l)
+	})
+}
+
+func TestManyLeasesInDeadlineOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New()
+		defer g.Close()
+		var mu sync.Mutex
+		var order []int
+		leases := make([]*Lease, 100)
+		start := time.Now()
+		for i := range leases {
+			// Budgets in a scrambled order; each lease flags at its own budget.
+			b := time.Duration((i*37)%100+1) * time.Second
+			leases[i] = &Lease{Owner: ownerFunc(func(a Action, _ time.Duration) {
+				mu.Lock()
+				order = append(order, int(b/time.Second))
+				mu.Unlock()
+			}), Start: start, Budget: b, Action: Flag}
+			g.Watch(leases[i])
+		}
+		// Unwatch every tenth.
+		for i := 0; i < len(leases); i += 10 {
+			g.Unwatch(leases[i])
+		}
+		time.Sleep(200 * time.Second)
+		synctest.Wait()
+		if len(order) != 90 {
+			t.Fatalf("%d flags, want 90", len(order))
+		}
+		for i := 1; i < len(order); i++ {
+			if order[i] < order[i-1] {
+				t.Fatalf("flags out of deadline order: %v", order)
+			}
+		}
+	})
+}
+
+type ownerFunc func(Action, time.Duration)
+
+func (f ownerFunc) Act(a Action, d time.Duration) { f(a, d) }
+
+func TestWatchTwicePanics(t *testing.T) {
+	g := New()
+	defer g.Close()
+	l := &Lease{Owner: &recorder{}, Start: time.Now(), Budget: time.Hour, Action: Flag}
+	g.Watch(l)
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	g.Watch(l)
+}
+
+func TestCloseLeaksNothing(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	g := New()
+	slow := make(chan struct{})
+	l := &Lease{Owner: ownerFunc(func(a Action, _ time.Duration) {
+		if a == Terminate {
+			<-slow
+		}
+	}), Start: time.Now().Add(-time.Hour), Budget: time.Millisecond, Action: Terminate}
+	g.Watch(l)
+	for g.Watched() != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	done := make(chan struct{})
+	go func() { g.Close(); close(done) }()
+	select {
+	case <-done:
+		t.Fatal("Close returned with an action under way")
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(slow)
+	<-done
+	// Watch after Close is ignored.
+	g.Watch(&Lease{Owner: &recorder{}, Start: time.Now(), Budget: time.Millisecond, Action: Flag})
+	if g.Watched() != 0 {
+		t.Fatal("watched after Close")
+	}
+}
+
+// BenchmarkWatchUnwatch: one lease watched and unwatched while Live others are watched.
+// Due=latest is the common case (a new lease with its lane's budget is due after the older ones);
+// Due=earliest sifts through the whole heap height. O(log n), no allocation.
+func BenchmarkWatchUnwatch(b *testing.B) {
+	for _, live := range []int{10, 1000, 10000} {
+		for _, due := range []struct {
+			name   string
+			budget time.Duration
+		}{{"latest", 90 * time.Minute}, {"earliest", 30 * time.Minute}} {
+			b.Run(fmt.Sprintf("Live=%d/Due=%s", live, due.name), func(b *testing.B) {
+				g := New()
+				defer g.Close()
+				r := &recorder{}
+				now := time.Now()
+				for i := range live {
+					g.Watch(&Lease{Owner: r, Start: now, Budget: time.Hour + time.Duration(i)*time.Millisecond, Action: Cancel})
+				}
+				l := &Lease{Owner: r, Start: now, Budget: due.budget, Action: Cancel}
+				b.ReportAllocs()
+				for b.Loop() {
+					g.Watch(l)
+					g.Unwatch(l)
+				}
+			})
+		}
+	}
+}
