@@ -80,6 +80,11 @@ func (l *lease) Act(a Action, elapsed time.Duration) {
 	if l.state != leaseActive {
 		return
 	}
+	if a == ActionTerminate && l.p.config.TransactionPooler {
+		// Behind a transaction pooler the PID is the pooler's, not the server's: the cancel
+		// ladder's last step cancels again instead.
+		a = ActionCancel
+	}
 	v := Violation{Lane: l.lane, Tag: l.tag, Action: a, PID: l.pid, Budget: l.guard.Budget, Elapsed: elapsed,
 		CallSite: l.callSite.String()}
 	var err error

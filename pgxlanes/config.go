@@ -86,6 +86,14 @@ type Config struct {
 	// OnViolation, if set, is called for every flag, cancel and terminate, after it was carried out.
 	// It runs on the pool's guard goroutine: keep it short.
 	OnViolation func(Violation)
+	// TransactionPooler must be set when the pool connects through a transaction-mode pooler such
+	// as PgBouncer with pool_mode=transaction (DSN: pgxlanes_transaction_pooler=true). Such a
+	// pooler rejects unknown startup parameters and shares server sessions between clients, so
+	// only SET LOCAL is safe: pgxlanes then sets every lane's timeouts with SET LOCAL inside
+	// transactions, never in the startup packet or with a session SET, and plain statements are
+	// bounded by the client-side cancel alone. Default false.
+	TransactionPooler bool
+
 	// CaptureCallSites records the stack of every acquire, so that budget warnings name the code
 	// that took the connection, as HikariCP's leak detection does. It costs an allocation and a
 	// stack walk per acquire: off by default; turn it on to hunt a leak.
@@ -133,13 +141,22 @@ func ParseConfig(connString string) (*Config, error) {
 		return nil, fmt.Errorf("pgxlanes: %w", err) // pgconn redacts the password
 	}
 	explicit := map[string]string{}
+	pooler := false
+	if v, ok := pc.ConnConfig.RuntimeParams["pgxlanes_transaction_pooler"]; ok {
+		delete(pc.ConnConfig.RuntimeParams, "pgxlanes_transaction_pooler")
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("pgxlanes: DSN parameter pgxlanes_transaction_pooler: %q is not true or false", v)
+		}
+		pooler = b
+	}
 	for k, v := range pc.ConnConfig.RuntimeParams {
 		if strings.HasPrefix(k, "lane_") {
 			explicit[k] = v
 			delete(pc.ConnConfig.RuntimeParams, k)
 		}
 	}
-	c := &Config{Config: pc, CancelGrace: 2 * time.Second, explicit: explicit}
+	c := &Config{Config: pc, CancelGrace: 2 * time.Second, TransactionPooler: pooler, explicit: explicit}
 	if err := c.sizeLanes(); err != nil {
 		return nil, err
 	}
@@ -309,6 +326,9 @@ func (c *Config) validate() error {
 		}
 		if lc.OverBudget < ActionFlag || lc.OverBudget > ActionTerminate {
 			return bad("OverBudget", "over_budget", "must be ActionFlag, ActionCancel or ActionTerminate, got %v", lc.OverBudget)
+		}
+		if c.TransactionPooler && lc.OverBudget == ActionTerminate {
+			return bad("OverBudget", "over_budget", "terminate needs the server's backend PID, which a transaction pooler hides (TransactionPooler is set): use cancel")
 		}
 		if lc.MaxConns < 1 {
 			return bad("MaxConns", "max_conns", "must be at least 1")

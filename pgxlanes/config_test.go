@@ -74,6 +74,24 @@ func TestParseConfigLaneParams(t *testing.T) {
 	}
 }
 
+func TestParseConfigTransactionPooler(t *testing.T) {
+	c, err := ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=true")
+	if err != nil || !c.TransactionPooler {
+		t.Fatalf("%v %v", c, err)
+	}
+	if _, sent := c.ConnConfig.RuntimeParams["pgxlanes_transaction_pooler"]; sent {
+		t.Fatal("pgxlanes_transaction_pooler would be sent to the server")
+	}
+	if _, err := ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=maybe"); err == nil ||
+		!strings.Contains(err.Error(), "pgxlanes_transaction_pooler") {
+		t.Fatalf("bad bool: %v", err)
+	}
+	c, _ = ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=true lane_long_over_budget=terminate")
+	if _, err := NewWithConfig(t.Context(), c); err == nil || !strings.Contains(err.Error(), "lane_long_over_budget") {
+		t.Fatalf("terminate behind a pooler: %v", err)
+	}
+}
+
 func TestParseConfigErrors(t *testing.T) {
 	const base = "postgres://user:hunter2secret@127.0.0.1:5432/db?pool_max_conns=8&"
 	tests := []struct{ params, want string }{
@@ -85,6 +103,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"lane_tx_acquire_timeout=soon", `lane_tx_acquire_timeout: "soon" is not a duration`},
 		{"lane_tx_acquire_timeout=-5s", `lane_tx_acquire_timeout: "-5s" is negative`},
 		{"lane_long_budget=-10", `lane_long_budget: "-10" is negative`},
+		{"lane_tx_over_budget=kill", `lane_tx_over_budget: "kill" is not flag, cancel or terminate`},
 	}
 	for _, tc := range tests {
 		_, err := ParseConfig(base + tc.params)

@@ -33,6 +33,9 @@ type Pool struct {
 	res    *reserve.Pool
 	config *Config
 	lanes  [numLanes]laneRuntime
+	// session holds the timeouts every connection starts with (Short's, or none behind a
+	// transaction pooler); lanes whose timeouts differ set their own.
+	session LaneConfig
 
 	guard  *txguard.Guard
 	term   *txguard.Terminator
@@ -99,7 +102,12 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	}
 	p := &Pool{config: cfg}
 	rc := reserve.Config{Size: int(cfg.MaxConns)}
-	short := cfg.Short
+	// The session defaults: Short's timeouts, sent in the startup packet. Behind a transaction
+	// pooler there are none of ours (the server's own apply), so every transaction sets all.
+	session := cfg.Short
+	if cfg.TransactionPooler {
+		session = LaneConfig{StatementTimeout: -1, LockTimeout: -1}
+	}
 	for _, l := range Lanes() {
 		lc := *cfg.Lane(l)
 		rc.Lanes = append(rc.Lanes, reserve.LaneConfig{Name: l.String(), Reserved: lc.Reserved, MaxConns: lc.MaxConns,
@@ -108,11 +116,11 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		if lc.StatementTimeout > 0 {
 			lr.clientTimeout = lc.StatementTimeout + clientTimeoutMargin
 		}
-		if lc.StatementTimeout != short.StatementTimeout || lc.LockTimeout != short.LockTimeout {
+		if !cfg.TransactionPooler && (lc.StatementTimeout != session.StatementTimeout || lc.LockTimeout != session.LockTimeout) {
 			lr.sessionSet = "set statement_timeout = " + millis(lc.StatementTimeout) + "; set lock_timeout = " + millis(lc.LockTimeout)
 			lr.sessionReset = "reset statement_timeout; reset lock_timeout"
 		}
-		lr.beginSuffix = beginSuffix(lc, short, lc.Budget)
+		lr.beginSuffix = beginSuffix(lc, session, lc.Budget)
 		lr.begin = "begin" + lr.beginSuffix
 		p.lanes[l] = lr
 	}
@@ -128,8 +136,10 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	if pc.ConnConfig.RuntimeParams == nil {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}
-	pc.ConnConfig.RuntimeParams["statement_timeout"] = millis(short.StatementTimeout)
-	pc.ConnConfig.RuntimeParams["lock_timeout"] = millis(short.LockTimeout)
+	if !cfg.TransactionPooler {
+		pc.ConnConfig.RuntimeParams["statement_timeout"] = millis(cfg.Short.StatementTimeout)
+		pc.ConnConfig.RuntimeParams["lock_timeout"] = millis(cfg.Short.LockTimeout)
+	}
 	// A context that ends sends a protocol cancel request instead of closing the socket, so the
 	// connection survives; the socket is closed only if the server does not answer in time.
 	grace := cfg.CancelGrace
@@ -145,25 +155,26 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	if p.logger == nil {
 		p.logger = slog.Default()
 	}
+	p.session = session
 	p.term = txguard.NewTerminator(cfg.ConnConfig)
 	p.guard = txguard.New()
 	return p, nil
 }
 
 // beginSuffix is what follows BEGIN, in the same round trip, for a transaction of lane lc with
-// budget b: SET LOCAL of the lane's timeouts where they differ from the session defaults (Short's),
-// and of the server-side backstops of the budget.
-func beginSuffix(lc, short LaneConfig, b time.Duration) string {
+// budget b: SET LOCAL of the lane's timeouts where they differ from the session defaults, and of
+// the server-side backstops of the budget.
+func beginSuffix(lc, session LaneConfig, b time.Duration) string {
 	st := lc.StatementTimeout
 	idle := backstop(b, lc.OverBudget)
 	if idle > 0 && (st == 0 || st > idle) {
 		st = idle
 	}
 	s := ""
-	if st != short.StatementTimeout {
+	if st != session.StatementTimeout {
 		s += "; set local statement_timeout = " + millis(st)
 	}
-	if lc.LockTimeout != short.LockTimeout {
+	if lc.LockTimeout != session.LockTimeout {
 		s += "; set local lock_timeout = " + millis(lc.LockTimeout)
 	}
 	if idle > 0 {
@@ -386,7 +397,7 @@ func (p *Pool) txOptions(lane Lane, b time.Duration, o pgx.TxOptions) pgx.TxOpti
 	lr := &p.lanes[lane]
 	suffix := lr.beginSuffix
 	if b != lr.cfg.Budget {
-		suffix = beginSuffix(lr.cfg, p.lanes[Short].cfg, b)
+		suffix = beginSuffix(lr.cfg, p.session, b)
 	} else if o == (pgx.TxOptions{}) {
 		o.BeginQuery = lr.begin
 		return o

@@ -37,6 +37,15 @@ func (t *Terminator) Terminate(ctx context.Context, pid uint32) error {
 		}
 		t.conn = c
 	}
+	// Make sure pid is a backend of this server: behind a pooler, a client sees the pooler's
+	// key, not the server's PID.
+	var n int
+	if err := t.conn.QueryRow(ctx, "select count(*) from pg_stat_activity where pid = $1", int32(pid)).Scan(&n); err != nil {
+		return fmt.Errorf("txguard: terminating backend %d: %w", pid, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("txguard: backend %d is not a session of this server (connected through a pooler?)", pid)
+	}
 	wait := time.Until(deadlineOr(ctx, 5*time.Second))
 	var ok bool
 	// PostgreSQL 14+ waits for the backend to exit when given a timeout.
