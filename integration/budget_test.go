@@ -370,3 +370,54 @@ func TestGuardRacesNormalEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLockTimeoutNamesHolder: when a short statement gives up on a row lock, the pool logs the
+// likely holder, naming its lane, tag and call site when it is one of the pool's own leases.
+func TestLockTimeoutNamesHolder(t *testing.T) {
+	ctx := context.Background()
+	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=4&lane_short_lock_timeout=100ms",
+		func(c *pgxlanes.Config) { c.CaptureCallSites = true })
+	tx, err := p.Begin(pgxlanes.WithTag(ctx, "checkout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "select v from items where id = 1 for update"); err != nil {
+		t.Fatal(err)
+	}
+	holderPID := tx.Conn().PgConn().PID()
+	if _, err := p.Exec(ctx, "update items set v = 0 where id = 1"); sqlState(err) != "55P03" {
+		t.Fatalf("update: %v, want a lock timeout", err)
+	}
+	var rec map[string]any
+	eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
+		for _, r := range logs.records(t) {
+			if r["msg"] == "pgxlanes: lock timeout; likely holders" {
+				rec = r
+				return true
+			}
+		}
+		return false
+	})
+	h, _ := rec["holder1"].(map[string]any)
+	cs, _ := h["call_site"].(string)
+	if h == nil || h["lane"] != "tx" || h["tag"] != "checkout" || uint32(h["pid"].(float64)) != holderPID ||
+		!strings.Contains(cs, "TestLockTimeoutNamesHolder") || !strings.Contains(h["tables"].(string), "items") {
+		t.Fatalf("log %v: want holder1 = the checkout transaction", rec)
+	}
+	t.Logf("%v", rec)
+	// Rate-limited: a second timeout within a second logs nothing more.
+	if _, err := p.Exec(ctx, "update items set v = 0 where id = 1"); sqlState(err) != "55P03" {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	n := 0
+	for _, r := range logs.records(t) {
+		if r["msg"] == "pgxlanes: lock timeout; likely holders" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d lock-holder lines, want 1 (rate-limited)", n)
+	}
+}

@@ -86,7 +86,7 @@ func (l *lease) Act(a Action, elapsed time.Duration) {
 		a = ActionCancel
 	}
 	v := Violation{Lane: l.lane, Tag: l.tag, Action: a, PID: l.pid, Budget: l.guard.Budget, Elapsed: elapsed,
-		CallSite: l.callSite.String()}
+		Warning: a == ActionFlag && l.guard.Action != ActionFlag, CallSite: l.callSite.String()}
 	var err error
 	switch a {
 	case ActionFlag:
@@ -131,7 +131,7 @@ func (p *Pool) reportViolation(v Violation, err error) {
 	case err != nil:
 		attrs = append(attrs, slog.String("error", err.Error()))
 		p.logger.LogAttrs(context.Background(), slog.LevelError, "pgxlanes: over-budget action failed", attrs...)
-	case v.Action == ActionFlag && v.Elapsed < v.Budget:
+	case v.Warning:
 		p.logger.LogAttrs(context.Background(), slog.LevelWarn, "pgxlanes: lease past half its budget", attrs...)
 	default:
 		p.logger.LogAttrs(context.Background(), slog.LevelWarn, msg, attrs...)

@@ -81,7 +81,6 @@ func (l *lease) release() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = l.conn.Close(ctx)
 		cancel()
-		l.logReturned()
 		return
 	}
 	l.state = leaseReleased
@@ -152,6 +151,9 @@ func (l *lease) closeConn() {
 
 // finish frees the slot and reports the hold time.
 func (l *lease) finish() {
+	if l.lane != Short {
+		l.p.holders.remove(l)
+	}
 	l.p.res.Release(l.slot)
 	l.p.observeRelease(ReleaseEvent{Lane: l.lane, Tag: l.tag, Hold: time.Since(l.acquired)})
 }

@@ -1,6 +1,9 @@
 package pgxlanes
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // Observer receives an event for every acquire and release, so that a metrics package can keep
 // histograms without the core depending on it. Methods run on the caller's goroutine, on the hot
@@ -30,17 +33,33 @@ type ReleaseEvent struct {
 	Hold time.Duration
 }
 
-// AddObserver makes o receive the pool's events from now on.
-func (p *Pool) AddObserver(o Observer) {
+// AddObserver makes o receive the pool's events from now on. The returned func stops them.
+func (p *Pool) AddObserver(o Observer) (remove func()) {
 	p.obsMu.Lock()
 	defer p.obsMu.Unlock()
-	old := p.observers.Load()
 	var next []Observer
-	if old != nil {
+	if old := p.observers.Load(); old != nil {
 		next = append(next, *old...)
 	}
 	next = append(next, o)
 	p.observers.Store(&next)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.obsMu.Lock()
+			defer p.obsMu.Unlock()
+			var rest []Observer
+			removed := false
+			for _, x := range *p.observers.Load() {
+				if !removed && x == o {
+					removed = true
+					continue
+				}
+				rest = append(rest, x)
+			}
+			p.observers.Store(&rest)
+		})
+	}
 }
 
 func (p *Pool) observeAcquire(e AcquireEvent) {

@@ -37,9 +37,10 @@ type Pool struct {
 	// transaction pooler); lanes whose timeouts differ set their own.
 	session LaneConfig
 
-	guard  *txguard.Guard
-	term   *txguard.Terminator
-	logger *slog.Logger
+	guard   *txguard.Guard
+	term    *txguard.Terminator
+	logger  *slog.Logger
+	holders holders // unbounded-lane leases by PID, for naming lock holders
 
 	obsMu     sync.Mutex // serializes AddObserver
 	observers atomic.Pointer[[]Observer]
@@ -263,6 +264,9 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 		l.callSite = txguard.Capture(2)
 	}
 	p.guard.Watch(&l.guard)
+	if lane != Short {
+		p.holders.add(l)
+	}
 	p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: l.acquired.Sub(start)})
 	return l, stmtCtx, nil
 }
@@ -290,6 +294,7 @@ func (p *Pool) Close() {
 	p.res.Close()
 	p.pool.Close()
 	p.guard.Close()
+	p.holders.lookup.Wait()
 	p.term.Close()
 }
 
@@ -308,7 +313,11 @@ func (p *Pool) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.C
 		return pgconn.CommandTag{}, err
 	}
 	defer l.release()
-	return l.conn.Exec(sctx, sql, arguments...)
+	ct, err := l.conn.Exec(sctx, sql, arguments...)
+	if err != nil {
+		p.blameLockTimeout(l, err)
+	}
+	return ct, err
 }
 
 // Query runs sql on a connection of the Short lane (or the lane ctx names). The connection and
@@ -322,6 +331,7 @@ func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 	}
 	rows, err := l.conn.Query(sctx, sql, args...)
 	if err != nil {
+		p.blameLockTimeout(l, err)
 		l.release()
 		return errRows{err: err}, err
 	}
@@ -491,6 +501,7 @@ func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
 		l.pid = l.conn.PgConn().PID()
 		l.guard = txguard.Lease{Owner: l, Start: now, Budget: p.lanes[lane].cfg.Budget, Action: p.lanes[lane].cfg.OverBudget}
 		p.guard.Watch(&l.guard)
+		p.observeAcquire(AcquireEvent{Lane: lane, Wait: 0})
 		conns = append(conns, &Conn{l: l})
 	}
 	return conns

@@ -75,7 +75,11 @@ type poolRow struct {
 
 func (row *poolRow) Scan(dest ...any) error {
 	defer row.l.release()
-	return row.r.Scan(dest...)
+	err := row.r.Scan(dest...)
+	if err != nil {
+		row.l.p.blameLockTimeout(row.l, err)
+	}
+	return err
 }
 
 // poolBatchResults holds its lease until Close; when the batch began a transaction, the

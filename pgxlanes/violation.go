@@ -43,6 +43,9 @@ type Violation struct {
 	PID     uint32        // the server backend's process ID
 	Budget  time.Duration // the budget that was exceeded
 	Elapsed time.Duration // how long the lease had been held when the action was taken
+	// Warning is true for the early warning at half the budget (cancel and terminate lanes): the
+	// lease is not over its budget yet and nothing was done to it. Action is then ActionFlag.
+	Warning bool
 	// CallSite is where the lease was acquired ("file.go:123 pkg.Func"), when stack capture is on;
 	// "" otherwise.
 	CallSite string

@@ -25,17 +25,34 @@ func NewTerminator(config *pgx.ConnConfig) *Terminator {
 	return &Terminator{config: config.Copy()}
 }
 
-// Terminate ends the session of backend pid and waits until the server has removed it, so that
-// its transaction is rolled back and its locks are released when Terminate returns nil.
-func (t *Terminator) Terminate(ctx context.Context, pid uint32) error {
+// With runs f on the guard connection, opening it if needed. Calls are serialized.
+func (t *Terminator) With(ctx context.Context, f func(*pgx.Conn) error) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if err := t.connectLocked(ctx); err != nil {
+		return err
+	}
+	return f(t.conn)
+}
+
+func (t *Terminator) connectLocked(ctx context.Context) error {
 	if t.conn == nil || t.conn.IsClosed() {
 		c, err := pgx.ConnectConfig(ctx, t.config)
 		if err != nil {
 			return fmt.Errorf("txguard: opening the guard connection: %w", err)
 		}
 		t.conn = c
+	}
+	return nil
+}
+
+// Terminate ends the session of backend pid and waits until the server has removed it, so that
+// its transaction is rolled back and its locks are released when Terminate returns nil.
+func (t *Terminator) Terminate(ctx context.Context, pid uint32) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := t.connectLocked(ctx); err != nil {
+		return err
 	}
 	// Make sure pid is a backend of this server: behind a pooler, a client sees the pooler's
 	// key, not the server's PID.

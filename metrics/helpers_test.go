@@ -1,0 +1,172 @@
+package metrics_test
+
+import (
+	"context"
+	"net/url"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// offlineDSN names a server that is never contacted: pgxlanes.New does not connect before the
+// first call, and tests that use it make none.
+const offlineDSN = "postgres://nobody@127.0.0.1:1/none?sslmode=disable"
+
+// newPool opens a pool on dsn with the lane parameters params ("pool_max_conns=2", ...) and
+// closes it when t ends.
+func newPool(t testing.TB, dsn string, params ...string) *pgxlanes.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, err := pgxlanes.New(ctx, withParams(t, dsn, params...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// withParams adds connection parameters to dsn, in URL or keyword/value form.
+func withParams(t testing.TB, dsn string, params ...string) string {
+	t.Helper()
+	if len(params) == 0 {
+		return dsn
+	}
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		return dsn + " " + strings.Join(params, " ")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal("test DSN is not a valid URL")
+	}
+	q := u.Query()
+	for _, p := range params {
+		k, v, _ := strings.Cut(p, "=")
+		q.Set(k, v)
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// registry returns a pedantic registry with c registered: it checks that every metric c collects
+// matches a Desc c described, and that the metrics are consistent.
+func registry(t testing.TB, c prometheus.Collector) *prometheus.Registry {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// find gathers g and returns the metric called name whose labels include want, failing t unless
+// exactly one matches.
+func find(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) *dto.Metric {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	var found []*dto.Metric
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			have := labelMap(m)
+			for k, v := range want {
+				if have[k] != v {
+					continue metrics
+				}
+			}
+			found = append(found, m)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%s%v: found %d series, want 1", name, want, len(found))
+	}
+	return found[0]
+}
+
+func labelMap(m *dto.Metric) map[string]string {
+	l := map[string]string{}
+	for _, lp := range m.GetLabel() {
+		l[lp.GetName()] = lp.GetValue()
+	}
+	return l
+}
+
+// value returns the value of a counter or gauge.
+func value(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	m := find(t, g, name, labels)
+	switch {
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	}
+	t.Fatalf("%s%v is neither a counter nor a gauge", name, labels)
+	return 0
+}
+
+// histogram returns the sample count and sum of a histogram.
+func histogram(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	h := find(t, g, name, labels).GetHistogram()
+	if h == nil {
+		t.Fatalf("%s%v is not a histogram", name, labels)
+	}
+	return h.GetSampleCount(), h.GetSampleSum()
+}
+
+// lane returns the labels selecting lane l.
+func lane(l pgxlanes.Lane) map[string]string { return map[string]string{"lane": l.String()} }
+
+// familyLabels returns, for each metric family g gathers, the sorted label names of its first
+// series.
+func familyLabels(t testing.TB, g prometheus.Gatherer) map[string]string {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatalf("gather: %v", err)
+	}
+	out := map[string]string{}
+	for _, mf := range mfs {
+		if len(mf.GetMetric()) == 0 {
+			continue
+		}
+		var names []string
+		for k := range labelMap(mf.GetMetric()[0]) {
+			names = append(names, k)
+		}
+		sort.Strings(names)
+		out[mf.GetName()] = strings.Join(names, ",")
+	}
+	return out
+}
+
+// waitFor polls cond every few milliseconds until it holds or d passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func ctxTimeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}

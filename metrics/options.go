@@ -1,0 +1,24 @@
+package metrics
+
+// Option configures NewCollector.
+type Option func(*options)
+
+type options struct {
+	poolName string
+	tags     []string
+}
+
+// WithPoolName sets the value of the constant label pool on every metric, so that several pools
+// can be registered with one registry. Default "default".
+func WithPoolName(name string) Option {
+	return func(o *options) { o.poolName = name }
+}
+
+// WithTags adds a tag label to the metrics taken from acquire, release and violation events: a
+// call tagged with pgxlanes.WithTag gets its tag as the label value when the tag is in this
+// allow-list, "other" when it is not, and "none" when it has no tag. The list is fixed here so
+// that no caller can raise the number of series. Without WithTags (or with an empty list) the
+// metrics have no tag label at all.
+func WithTags(tags ...string) Option {
+	return func(o *options) { o.tags = append(o.tags, tags...) }
+}

@@ -1,0 +1,131 @@
+package pgxlanes
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// blameInterval rate-limits the lock-holder lookup: it reads pg_locks, which briefly takes the
+// lock manager's partition locks.
+const blameInterval = time.Second
+
+// holders is the registry of the pool's unbounded-lane leases by backend PID: the transactions
+// and held connections that may sit on row locks. Short leases are not registered, so the short
+// hot path pays nothing for it.
+type holders struct {
+	mu     sync.Mutex
+	byPID  map[uint32]*lease
+	last   atomic.Int64 // unix nanos of the last lookup
+	lookup sync.WaitGroup
+}
+
+func (h *holders) add(l *lease) {
+	h.mu.Lock()
+	if h.byPID == nil {
+		h.byPID = make(map[uint32]*lease)
+	}
+	h.byPID[l.pid] = l
+	h.mu.Unlock()
+}
+
+func (h *holders) remove(l *lease) {
+	h.mu.Lock()
+	if h.byPID[l.pid] == l {
+		delete(h.byPID, l.pid)
+	}
+	h.mu.Unlock()
+}
+
+func (h *holders) get(pid uint32) *lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.byPID[pid]
+}
+
+// lockHolderSQL lists the oldest transactions of this database, other than the one that timed out,
+// that hold row-level or stronger table locks: the likely holders of the lock it waited for. The
+// waiter itself is no longer waiting when its lock timeout is reported, so pg_blocking_pids cannot
+// be asked after the fact.
+const lockHolderSQL = `select a.pid, coalesce(a.state, ''), extract(epoch from now() - a.xact_start)::float8,
+       string_agg(distinct l.relation::regclass::text, ',')
+  from pg_locks l join pg_stat_activity a on a.pid = l.pid
+ where l.locktype = 'relation' and l.granted and l.mode <> 'AccessShareLock'
+   and a.pid <> pg_backend_pid() and a.pid <> $1 and a.datname = current_database() and a.xact_start is not null
+ group by a.pid, a.state, a.xact_start
+ order by a.xact_start
+ limit 5`
+
+// blameLockTimeout logs the likely holders of the lock a statement of l gave up on, naming the
+// pool's own leases by lane, tag and call site. It runs at most once per blameInterval, in the
+// background, over the guard connection.
+func (p *Pool) blameLockTimeout(l *lease, err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := p.holders.last.Load()
+	if now-last < int64(blameInterval) || !p.holders.last.CompareAndSwap(last, now) {
+		return
+	}
+	waiter, lane, tag := l.pid, l.lane, l.tag
+	p.holders.lookup.Add(1)
+	go func() {
+		defer p.holders.lookup.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		type holder struct {
+			pid     uint32
+			state   string
+			age     float64
+			tables  string
+			mine    *lease
+			callers string
+		}
+		var hs []holder
+		qerr := p.term.With(ctx, func(c *pgx.Conn) error {
+			rows, err := c.Query(ctx, lockHolderSQL, int32(waiter))
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var h holder
+				var pid int32
+				if err := rows.Scan(&pid, &h.state, &h.age, &h.tables); err != nil {
+					return err
+				}
+				h.pid = uint32(pid)
+				hs = append(hs, h)
+			}
+			return rows.Err()
+		})
+		attrs := []slog.Attr{slog.String("lane", lane.String()), slog.String("tag", tag), slog.Uint64("pid", uint64(waiter))}
+		if qerr != nil {
+			attrs = append(attrs, slog.String("error", qerr.Error()))
+			p.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: lock timeout; holders unknown", attrs...)
+			return
+		}
+		for i, h := range hs {
+			g := []any{slog.Uint64("pid", uint64(h.pid)), slog.String("state", h.state),
+				slog.Duration("xact_age", time.Duration(h.age*float64(time.Second))), slog.String("tables", h.tables)}
+			if m := p.holders.get(h.pid); m != nil {
+				g = append(g, slog.String("lane", m.lane.String()), slog.String("tag", m.tag),
+					slog.Duration("held", time.Since(m.acquired)))
+				if cs := m.callSite.String(); cs != "" {
+					g = append(g, slog.String("call_site", cs))
+				}
+			} else {
+				g = append(g, slog.String("lane", "not this pool"))
+			}
+			attrs = append(attrs, slog.Group("holder"+string(rune('1'+i)), g...))
+		}
+		p.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: lock timeout; likely holders", attrs...)
+	}()
+}
