@@ -97,6 +97,10 @@ func (l *lease) Act(a Action, elapsed time.Duration) {
 		err = l.conn.PgConn().CancelRequest(ctx)
 		cancel()
 		l.cancelledAt = time.Now()
+		// If the server does not answer the cancel (frozen, or the network is gone), the socket
+		// times out after CancelGrace and the connection is destroyed. net.Conn allows this
+		// call while the owner reads; release takes the deadline back.
+		_ = l.conn.PgConn().Conn().SetDeadline(l.cancelledAt.Add(l.p.config.CancelGrace))
 	case ActionTerminate:
 		l.violation.Store(l.budgetError(a, elapsed, v.CallSite))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -106,6 +110,7 @@ func (l *lease) Act(a Action, elapsed time.Duration) {
 			// The backend is gone, and its locks with it: free the slot now, not when the
 			// application gets round to Rollback.
 			l.pc.Hijack()
+			l.p.open.Add(-1)
 			l.state = leaseTerminated
 			l.finish()
 		}

@@ -21,7 +21,7 @@ import (
 //	acquire_timeout    1s             5s               30s
 //	statement_timeout  5s             30s              0 (none)
 //	lock_timeout       1s             10s              30s
-//	budget             6s             30s              10m
+//	budget             6s             30s              10m          (short: statement_timeout + 1s)
 //	over_budget        cancel         cancel           flag
 type LaneConfig struct {
 	// Reserved connections no other lane's unbounded work may take (DSN lane_<lane>_reserved).
@@ -42,9 +42,9 @@ type LaneConfig struct {
 	AcquireTimeout time.Duration
 	// StatementTimeout is PostgreSQL's statement_timeout for the lane's statements
 	// (lane_<lane>_statement_timeout). The server enforces it, so a frozen client cannot keep a
-	// statement running; for plain queries the client also cancels (with a protocol cancel
-	// request, which keeps the connection) shortly after. Short's bounds its hold time, which is
-	// what makes its borrowing safe. 0 disables it.
+	// statement running; the client enforces the lane's Budget too (Short's is the statement
+	// timeout plus 1s), with a protocol cancel request that keeps the connection. Short's bounds
+	// its hold time, which is what makes its borrowing safe. 0 disables it.
 	StatementTimeout time.Duration
 	// LockTimeout is PostgreSQL's lock_timeout (lane_<lane>_lock_timeout): a short lookup stops
 	// waiting on a row lock held by a transaction after 1s instead of queueing behind it. 0

@@ -48,8 +48,12 @@ type lease struct {
 	start    time.Time // the call began waiting
 	acquired time.Time // the connection was ready
 
-	cancel context.CancelFunc // ends the client-side statement deadline; nil if none
-	reset  string             // SQL restoring the session before release; "" if nothing to restore
+	reset string // SQL restoring the session before release; "" if nothing to restore
+
+	// The wrapper handed to the caller lives inside the lease, to spare an allocation per call.
+	rows poolRows
+	row  poolRow
+	tx   poolTx
 
 	guard    txguard.Lease
 	callSite txguard.CallSite
@@ -77,7 +81,6 @@ func (l *lease) release() {
 		// The guard freed the slot; the connection is dead and no longer pgxpool's.
 		l.state = leaseReleased
 		l.mu.Unlock()
-		l.endCtx()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = l.conn.Close(ctx)
 		cancel()
@@ -88,10 +91,14 @@ func (l *lease) release() {
 	l.mu.Unlock()
 
 	l.p.guard.Unwatch(&l.guard)
-	l.endCtx()
 	if !cancelledAt.IsZero() {
+		// The guard cancelled: let a late cancel land here, not on the next caller, and take back
+		// the socket deadline it set as a backstop.
 		if d := time.Until(cancelledAt.Add(cancelSettle)); d > 0 {
 			time.Sleep(d)
+		}
+		if !l.conn.IsClosed() {
+			_ = l.conn.PgConn().Conn().SetDeadline(time.Time{})
 		}
 	}
 	if l.reset != "" && !l.conn.IsClosed() && l.conn.PgConn().TxStatus() == 'I' {
@@ -115,8 +122,8 @@ func (l *lease) release() {
 // runs before the lease is watched or handed out.
 func (l *lease) destroy() {
 	l.state = leaseReleased
-	l.endCtx()
 	l.closeConn()
+	l.p.leased.Add(-1)
 	l.p.res.Release(l.slot)
 }
 
@@ -130,27 +137,24 @@ func (l *lease) hijack() *pgx.Conn {
 	l.state = leaseReleased
 	l.mu.Unlock()
 	l.p.guard.Unwatch(&l.guard)
-	l.endCtx()
 	c := l.pc.Hijack()
+	l.p.open.Add(-1) // out of pgxpool without BeforeClose
 	l.finish()
 	return c
 }
 
-func (l *lease) endCtx() {
-	if l.cancel != nil {
-		l.cancel()
-	}
-}
-
 func (l *lease) closeConn() {
 	c := l.pc.Hijack()
+	l.p.open.Add(-1)
 	ctx, cancel := context.WithTimeout(context.Background(), resetTimeout)
 	_ = c.Close(ctx)
 	cancel()
 }
 
-// finish frees the slot and reports the hold time.
+// finish frees the slot and reports the hold time. The connection is already back in pgxpool
+// or out of it.
 func (l *lease) finish() {
+	l.p.leased.Add(-1)
 	if l.lane != Short {
 		l.p.holders.remove(l)
 	}

@@ -20,11 +20,6 @@ import (
 	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
-// clientTimeoutMargin is how long after the server's statement_timeout the client cancels a
-// plain query itself (for a frozen server or network). The server normally answers first, with
-// SQLSTATE 57014 and the connection intact.
-const clientTimeoutMargin = 100 * time.Millisecond
-
 // Pool is a connection pool split into lanes. It has the method set of *pgxpool.Pool, so it
 // replaces it with a change of import and constructor, satisfies sqlc's DBTX, and works with
 // pgx.BeginFunc, pgx.BeginTxFunc and pgx.CollectRows. It is safe for concurrent use.
@@ -41,6 +36,11 @@ type Pool struct {
 	term    *txguard.Terminator
 	logger  *slog.Logger
 	holders holders // unbounded-lane leases by PID, for naming lock holders
+
+	// open counts pgxpool's connections (AfterConnect to BeforeClose or hijack) and leased those
+	// handed to leases; open > leased means a connection is idle, so pgxpool will not dial.
+	open   atomic.Int64
+	leased atomic.Int64
 
 	obsMu     sync.Mutex // serializes AddObserver
 	observers atomic.Pointer[[]Observer]
@@ -59,20 +59,17 @@ type laneRuntime struct {
 	beginSuffix string
 	// begin is the whole BEGIN for the default TxOptions, to spare an allocation per Begin.
 	begin string
-	// clientTimeout is when the client cancels a plain statement itself; 0 for none.
-	clientTimeout time.Duration
 }
 
-// callKind says how a call holds its connection.
+// callKind says how a call sets its lane's timeouts when they differ from the session defaults.
 type callKind uint8
 
 const (
-	// kindStatement: one statement (Query, QueryRow, Exec, SendBatch, CopyFrom, Ping).
-	kindStatement callKind = iota
-	// kindTx: a transaction; its timeouts are SET LOCAL in the BEGIN round trip.
+	// kindSession: plain statements (Query, QueryRow, Exec, SendBatch, CopyFrom, Ping) and held
+	// connections (Acquire, AcquireFunc): SET at acquire, RESET before release.
+	kindSession callKind = iota
+	// kindTx: a transaction: SET LOCAL in the BEGIN round trip.
 	kindTx
-	// kindHeld: a held connection (Acquire, AcquireFunc).
-	kindHeld
 )
 
 // New creates a pool from a connection string. See ParseConfig for the lane parameters.
@@ -114,9 +111,6 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		rc.Lanes = append(rc.Lanes, reserve.LaneConfig{Name: l.String(), Reserved: lc.Reserved, MaxConns: lc.MaxConns,
 			MaxWaiters: lc.MaxWaiters, Bounded: l == Short, AcquireTimeout: lc.AcquireTimeout})
 		lr := laneRuntime{cfg: lc}
-		if lc.StatementTimeout > 0 {
-			lr.clientTimeout = lc.StatementTimeout + clientTimeoutMargin
-		}
 		if !cfg.TransactionPooler && (lc.StatementTimeout != session.StatementTimeout || lc.LockTimeout != session.LockTimeout) {
 			lr.sessionSet = "set statement_timeout = " + millis(lc.StatementTimeout) + "; set lock_timeout = " + millis(lc.LockTimeout)
 			lr.sessionReset = "reset statement_timeout; reset lock_timeout"
@@ -146,6 +140,22 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	grace := cfg.CancelGrace
 	pc.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: grace}
+	}
+	afterConnect, beforeClose := pc.AfterConnect, pc.BeforeClose
+	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, c); err != nil {
+				return err
+			}
+		}
+		p.open.Add(1)
+		return nil
+	}
+	pc.BeforeClose = func(c *pgx.Conn) {
+		p.open.Add(-1)
+		if beforeClose != nil {
+			beforeClose(c)
+		}
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
@@ -192,9 +202,8 @@ func millis(d time.Duration) string {
 }
 
 // acquire is the one place where a call gets a connection: classify, reserve a lane slot, get a
-// pgxpool connection, prepare the session. It returns the lease and the context the call's
-// statement runs under (with the client-side statement deadline for kindStatement).
-func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, context.Context, error) {
+// pgxpool connection, prepare the session, and watch the lease's budget.
+func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, error) {
 	start := time.Now()
 	a := AnnotationsFrom(ctx)
 	lane := def
@@ -202,16 +211,21 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 		lane = a.Lane
 	}
 	if int(lane) >= numLanes {
-		return nil, ctx, fmt.Errorf("pgxlanes: unknown lane %v set with WithLane", lane)
+		return nil, fmt.Errorf("pgxlanes: unknown lane %v set with WithLane", lane)
 	}
 	lr := &p.lanes[lane]
 	slot, err := p.res.Acquire(ctx, int(lane))
 	if err != nil {
-		return nil, ctx, p.acquireFailed(lane, a.Tag, start, err)
+		return nil, p.acquireFailed(lane, a.Tag, start, err)
 	}
 
+	// The rest of the acquire timeout bounds pgxpool's step, which waits only when it has to open
+	// a connection (the slots equal pgxpool's MaxConns, so it never queues behind another caller).
+	// A deadline context costs allocations and a timer on every call, so it is made only when no
+	// connection looks idle; in the rare race where one is taken meanwhile, the caller's ctx and
+	// connect_timeout bound the dial, as in plain pgxpool.
 	acqCtx, cancelAcq := ctx, context.CancelFunc(nil)
-	if t := lr.cfg.AcquireTimeout; t > 0 {
+	if t := lr.cfg.AcquireTimeout; t > 0 && p.open.Load() <= p.leased.Load() {
 		deadline := start.Add(t)
 		if d, ok := ctx.Deadline(); !ok || d.After(deadline) {
 			acqCtx, cancelAcq = context.WithDeadline(ctx, deadline)
@@ -234,8 +248,9 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 			err = fmt.Errorf("pgxlanes: %s lane: %w", lane, err)
 		}
 		p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: time.Since(start), Err: err})
-		return nil, ctx, err
+		return nil, err
 	}
+	p.leased.Add(1)
 
 	l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, tag: a.Tag, start: start}
 	l.pid = l.conn.PgConn().PID()
@@ -244,15 +259,9 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 			l.destroy()
 			err = fmt.Errorf("pgxlanes: %s lane: setting timeouts: %w", lane, err)
 			p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: time.Since(start), Err: err})
-			return nil, ctx, err
+			return nil, err
 		}
 		l.reset = lr.sessionReset
-	}
-	stmtCtx := ctx
-	if kind == kindStatement && lr.clientTimeout > 0 {
-		if d, ok := ctx.Deadline(); !ok || time.Until(d) > lr.clientTimeout {
-			stmtCtx, l.cancel = context.WithTimeout(ctx, lr.clientTimeout)
-		}
 	}
 	l.acquired = time.Now()
 	budget := lr.cfg.Budget
@@ -268,7 +277,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, co
 		p.holders.add(l)
 	}
 	p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: l.acquired.Sub(start)})
-	return l, stmtCtx, nil
+	return l, nil
 }
 
 // acquireFailed converts an error from the reserve step and reports it.
@@ -308,12 +317,12 @@ func (p *Pool) Config() *Config { return p.config.Copy() }
 // Exec runs sql on a connection of the Short lane (or the lane ctx names), which is held until
 // Exec returns. ctx bounds the wait for a connection and the statement.
 func (p *Pool) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	l, err := p.acquire(ctx, Short, kindSession)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	defer l.release()
-	ct, err := l.conn.Exec(sctx, sql, arguments...)
+	ct, err := l.conn.Exec(ctx, sql, arguments...)
 	if err != nil {
 		p.blameLockTimeout(l, err)
 	}
@@ -325,27 +334,29 @@ func (p *Pool) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.C
 // bounds the wait, the statement and the reading of the rows. On error the returned Rows is in
 // an error state, as with pgxpool.
 func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	l, err := p.acquire(ctx, Short, kindSession)
 	if err != nil {
 		return errRows{err: err}, err
 	}
-	rows, err := l.conn.Query(sctx, sql, args...)
+	rows, err := l.conn.Query(ctx, sql, args...)
 	if err != nil {
 		p.blameLockTimeout(l, err)
 		l.release()
 		return errRows{err: err}, err
 	}
-	return &poolRows{r: rows, l: l}, nil
+	l.rows = poolRows{r: rows, l: l}
+	return &l.rows, nil
 }
 
 // QueryRow runs sql on a connection of the Short lane (or the lane ctx names). Errors are
 // deferred to Row.Scan, which also releases the connection.
 func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	l, err := p.acquire(ctx, Short, kindSession)
 	if err != nil {
 		return errRow{err: err}
 	}
-	return &poolRow{r: l.conn.QueryRow(sctx, sql, args...), l: l}
+	l.row = poolRow{r: l.conn.QueryRow(ctx, sql, args...), l: l}
+	return &l.row
 }
 
 // SendBatch sends b on a connection of the Short lane (or the lane ctx names), held until the
@@ -357,11 +368,11 @@ func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if batchBeginsTx(b) {
 		def = Tx
 	}
-	l, sctx, err := p.acquire(ctx, def, kindStatement)
+	l, err := p.acquire(ctx, def, kindSession)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	br := l.conn.SendBatch(sctx, b)
+	br := l.conn.SendBatch(ctx, b)
 	if tx := br.Tx(); tx != nil {
 		return &poolBatchResults{br: br, tx: &poolTx{t: tx, l: l}}
 	}
@@ -389,7 +400,7 @@ func (p *Pool) Begin(ctx context.Context) (pgx.Tx, error) {
 // BeginTx is Begin with options. The lane's statement and lock timeouts are set with SET LOCAL in
 // the same round trip as BEGIN, so they vanish with the transaction.
 func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error) {
-	l, _, err := p.acquire(ctx, Tx, kindTx)
+	l, err := p.acquire(ctx, Tx, kindTx)
 	if err != nil {
 		return nil, err
 	}
@@ -398,7 +409,8 @@ func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, er
 		l.release()
 		return nil, err
 	}
-	return &poolTx{t: t, l: l}, nil
+	l.tx = poolTx{t: t, l: l}
+	return &l.tx, nil
 }
 
 // txOptions returns o with a BeginQuery that also sets the lane's timeouts and the backstops of
@@ -440,29 +452,29 @@ func beginSQL(o pgx.TxOptions) string {
 // CopyFrom runs COPY FROM on a connection of the Tx lane (or the lane ctx names): a bulk load
 // has no bounded duration, so it does not use the Short lane.
 func (p *Pool) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	l, sctx, err := p.acquire(ctx, Tx, kindStatement)
+	l, err := p.acquire(ctx, Tx, kindSession)
 	if err != nil {
 		return 0, err
 	}
 	defer l.release()
-	return l.conn.CopyFrom(sctx, tableName, columnNames, rowSrc)
+	return l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
 }
 
 // Ping checks a connection of the Short lane (or the lane ctx names).
 func (p *Pool) Ping(ctx context.Context) error {
-	l, sctx, err := p.acquire(ctx, Short, kindStatement)
+	l, err := p.acquire(ctx, Short, kindSession)
 	if err != nil {
 		return err
 	}
 	defer l.release()
-	return l.conn.Ping(sctx)
+	return l.conn.Ping(ctx)
 }
 
 // Acquire returns a held connection of the Tx lane (or the lane ctx names). It and its slot are
 // held until Conn.Release or Conn.Hijack. If the lane's timeouts differ from Short's, they are set
 // on the session now and reset before the connection goes back.
 func (p *Pool) Acquire(ctx context.Context) (*Conn, error) {
-	l, _, err := p.acquire(ctx, Tx, kindHeld)
+	l, err := p.acquire(ctx, Tx, kindSession)
 	if err != nil {
 		return nil, err
 	}
@@ -497,6 +509,7 @@ func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
 			pc.Release()
 			continue
 		}
+		p.leased.Add(1)
 		l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, start: now, acquired: now}
 		l.pid = l.conn.PgConn().PID()
 		l.guard = txguard.Lease{Owner: l, Start: now, Budget: p.lanes[lane].cfg.Budget, Action: p.lanes[lane].cfg.OverBudget}
