@@ -166,7 +166,8 @@ func TestTerminateIdleTransaction(t *testing.T) {
 // connection survives and is reused after the rollback.
 func TestCancelRunningStatement(t *testing.T) {
 	ctx := context.Background()
-	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_tx_budget=300ms&lane_tx_over_budget=cancel", nil)
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_tx_budget=300ms&lane_tx_over_budget=cancel",
+		func(c *pgxlanes.Config) { c.CancelGrace = 200 * time.Millisecond })
 	tx, err := p.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -189,7 +190,9 @@ func TestCancelRunningStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	lanesIdle(t, p, "after rollback")
-	// The same connection serves the next transaction.
+	// The same connection serves the next transaction, after the socket deadline the guard set
+	// as a backstop would have expired had release not taken it back.
+	time.Sleep(400 * time.Millisecond)
 	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
 		if got := tx.Conn().PgConn().PID(); got != pid {
 			t.Errorf("next transaction on backend %d, want the cancelled one's %d", got, pid)
@@ -202,6 +205,29 @@ func TestCancelRunningStatement(t *testing.T) {
 	}
 	if n := p.Stat().NewConnsCount(); n != 1 {
 		t.Fatalf("%d connections opened, want 1", n)
+	}
+}
+
+// TestShortBudgetCancels: the client-side bound of a short statement is the guard's budget. With
+// the server's statement_timeout off, a runaway statement is cancelled at the budget, and its
+// connection is kept.
+func TestShortBudgetCancels(t *testing.T) {
+	ctx := context.Background()
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_short_statement_timeout=0&lane_short_budget=300ms", nil)
+	if err := p.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := p.Exec(ctx, "select pg_sleep(10)")
+	took := time.Since(start)
+	if !errors.Is(err, pgxlanes.ErrBudgetExceeded) || sqlState(err) != "57014" || took > 3*time.Second {
+		t.Fatalf("after %s: %v, want ErrBudgetExceeded wrapping 57014 at about 300ms", took, err)
+	}
+	if err := p.QueryRow(ctx, "select 1").Scan(new(int)); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Stat().NewConnsCount(); n != 1 {
+		t.Fatalf("%d connections opened, want the one", n)
 	}
 }
 

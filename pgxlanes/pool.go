@@ -326,7 +326,7 @@ func (p *Pool) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.C
 	if err != nil {
 		p.blameLockTimeout(l, err)
 	}
-	return ct, err
+	return ct, l.wrap(err)
 }
 
 // Query runs sql on a connection of the Short lane (or the lane ctx names). The connection and
@@ -342,6 +342,7 @@ func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 	if err != nil {
 		p.blameLockTimeout(l, err)
 		l.release()
+		err = l.wrap(err)
 		return errRows{err: err}, err
 	}
 	l.rows = poolRows{r: rows, l: l}
@@ -457,7 +458,8 @@ func (p *Pool) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNam
 		return 0, err
 	}
 	defer l.release()
-	return l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	n, err := l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
+	return n, l.wrap(err)
 }
 
 // Ping checks a connection of the Short lane (or the lane ctx names).
@@ -467,7 +469,7 @@ func (p *Pool) Ping(ctx context.Context) error {
 		return err
 	}
 	defer l.release()
-	return l.conn.Ping(ctx)
+	return l.wrap(l.conn.Ping(ctx))
 }
 
 // Acquire returns a held connection of the Tx lane (or the lane ctx names). It and its slot are

@@ -79,7 +79,7 @@ func (row *poolRow) Scan(dest ...any) error {
 	if err != nil {
 		row.l.p.blameLockTimeout(row.l, err)
 	}
-	return err
+	return row.l.wrap(err)
 }
 
 // poolBatchResults holds its lease until Close; when the batch began a transaction, the
