@@ -145,8 +145,8 @@ func (p *Pool) reportViolation(v Violation, err error) {
 		return
 	}
 	if obs := p.observers.Load(); obs != nil {
-		for _, o := range *obs {
-			if vo, ok := o.(ViolationObserver); ok {
+		for _, x := range *obs {
+			if vo, ok := x.o.(ViolationObserver); ok {
 				vo.ObserveViolation(v)
 			}
 		}

@@ -197,3 +197,37 @@ func TestBeginSQL(t *testing.T) {
 		t.Fatalf("long BeginQuery %q", got)
 	}
 }
+
+type countingObserver struct {
+	acquires []AcquireEvent // a slice field: the type is not comparable
+}
+
+func (c *countingObserver) ObserveAcquire(e AcquireEvent) { c.acquires = append(c.acquires, e) }
+func (c *countingObserver) ObserveRelease(ReleaseEvent)   {}
+
+type valueObserver struct{ seen *int }
+
+func (v valueObserver) ObserveAcquire(AcquireEvent) { *v.seen++ }
+func (v valueObserver) ObserveRelease(ReleaseEvent) {}
+
+func TestAddRemoveObserver(t *testing.T) {
+	c, _ := ParseConfig("host=127.0.0.1 pool_max_conns=2")
+	p, err := NewWithConfig(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	a := &countingObserver{}
+	n := 0
+	removeA := p.AddObserver(a)
+	removeB := p.AddObserver(valueObserver{&n})
+	p.AddObserver(valueObserver{&n})
+	p.observeAcquire(AcquireEvent{Lane: Tx})
+	removeA()
+	removeA()
+	removeB()
+	p.observeAcquire(AcquireEvent{Lane: Short})
+	if len(a.acquires) != 1 || a.acquires[0].Lane != Tx || n != 3 {
+		t.Fatalf("a saw %v, value observers %d times; want 1 and 3", a.acquires, n)
+	}
+}

@@ -1,6 +1,7 @@
 package pgxlanes
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -37,43 +38,50 @@ type ReleaseEvent struct {
 func (p *Pool) AddObserver(o Observer) (remove func()) {
 	p.obsMu.Lock()
 	defer p.obsMu.Unlock()
-	var next []Observer
-	if old := p.observers.Load(); old != nil {
-		next = append(next, *old...)
-	}
-	next = append(next, o)
-	p.observers.Store(&next)
+	p.obsSeq++
+	id := p.obsSeq
+	p.storeObserversLocked(func(es []observerEntry) []observerEntry { return append(es, observerEntry{id, o}) })
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			p.obsMu.Lock()
 			defer p.obsMu.Unlock()
-			var rest []Observer
-			removed := false
-			for _, x := range *p.observers.Load() {
-				if !removed && x == o {
-					removed = true
-					continue
-				}
-				rest = append(rest, x)
-			}
-			p.observers.Store(&rest)
+			p.storeObserversLocked(func(es []observerEntry) []observerEntry {
+				return slices.DeleteFunc(es, func(e observerEntry) bool { return e.id == id })
+			})
 		})
 	}
 }
 
+// observerEntry is an observer with the id AddObserver gave it (observers need not be comparable).
+type observerEntry struct {
+	id uint64
+	o  Observer
+}
+
+// storeObserversLocked publishes a changed copy of the observer list; the hot path reads it with
+// one atomic load. Caller must hold p.obsMu.
+func (p *Pool) storeObserversLocked(change func([]observerEntry) []observerEntry) {
+	var cur []observerEntry
+	if old := p.observers.Load(); old != nil {
+		cur = slices.Clone(*old)
+	}
+	next := change(cur)
+	p.observers.Store(&next)
+}
+
 func (p *Pool) observeAcquire(e AcquireEvent) {
 	if obs := p.observers.Load(); obs != nil {
-		for _, o := range *obs {
-			o.ObserveAcquire(e)
+		for _, x := range *obs {
+			x.o.ObserveAcquire(e)
 		}
 	}
 }
 
 func (p *Pool) observeRelease(e ReleaseEvent) {
 	if obs := p.observers.Load(); obs != nil {
-		for _, o := range *obs {
-			o.ObserveRelease(e)
+		for _, x := range *obs {
+			x.o.ObserveRelease(e)
 		}
 	}
 }

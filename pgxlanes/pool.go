@@ -42,8 +42,9 @@ type Pool struct {
 	open   atomic.Int64
 	leased atomic.Int64
 
-	obsMu     sync.Mutex // serializes AddObserver
-	observers atomic.Pointer[[]Observer]
+	obsMu     sync.Mutex // serializes changes to observers
+	obsSeq    uint64     // guarded by obsMu
+	observers atomic.Pointer[[]observerEntry]
 }
 
 // laneRuntime is a lane's configuration with the SQL derived from it, computed once in New.
