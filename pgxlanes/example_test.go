@@ -1,0 +1,37 @@
+package pgxlanes_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// ParseConfig sizes the lanes for pool_max_conns; lane_<lane>_<setting> parameters override the
+// defaults and are not sent to the server.
+func ExampleParseConfig() {
+	cfg, err := pgxlanes.ParseConfig("postgres://app:secret@127.0.0.1/app?pool_max_conns=8&lane_tx_budget=10s&lane_tx_over_budget=terminate")
+	if err != nil {
+		panic(err)
+	}
+	for _, l := range pgxlanes.Lanes() {
+		lc := cfg.Lane(l)
+		fmt.Printf("%-5s reserved %d, max %d, acquire timeout %v, budget %v (%v)\n",
+			l, lc.Reserved, lc.MaxConns, lc.AcquireTimeout, lc.Budget, lc.OverBudget)
+	}
+	_, err = pgxlanes.ParseConfig("postgres://app:secret@127.0.0.1/app?lane_short_reserved=lots")
+	fmt.Println(err)
+	// Output:
+	// short reserved 2, max 8, acquire timeout 1s, budget 6s (cancel)
+	// tx    reserved 3, max 6, acquire timeout 5s, budget 10s (terminate)
+	// long  reserved 0, max 1, acquire timeout 30s, budget 10m0s (flag)
+	// pgxlanes: DSN parameter lane_short_reserved: "lots" is not a whole number ≥ 0
+}
+
+// Contexts choose the lane, the budget and a tag; middleware can read them back.
+func ExampleWithLane() {
+	ctx := pgxlanes.WithTag(pgxlanes.WithLane(context.Background(), pgxlanes.Long), "nightly-export")
+	a := pgxlanes.AnnotationsFrom(ctx)
+	fmt.Println(a.Lane, a.LaneSet, a.Tag)
+	// Output: long true nightly-export
+}
