@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	"github.com/pgxlanes/pgxlanes/integration/harness"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -120,9 +121,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 			errc <- err
 		}()
 	}
-	for p.Stat().Lane(pgxlanes.Tx).Waiting != 3 {
-		time.Sleep(time.Millisecond)
-	}
+	harness.Eventually(t, 5*time.Second, "3 waiters queued", func() bool { return p.Stat().Lane(pgxlanes.Tx).Waiting == 3 })
 	closed := make(chan struct{})
 	go func() { p.Close(); close(closed) }()
 	for range 3 {

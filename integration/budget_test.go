@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgxlanes/pgxlanes/integration/harness"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -127,7 +128,7 @@ func TestTerminateIdleTransaction(t *testing.T) {
 		t.Fatalf("lock released %s after the budget ran out, want within (0, 2s]", reaction)
 	}
 	// The guard frees the slot once the server confirms the backend is gone.
-	eventually(t, time.Second, "backend gone and slot freed", func() bool {
+	harness.Eventually(t, time.Second, "backend gone and slot freed", func() bool {
 		return !backendAlive(t, pid) && p.Stat().Lane(pgxlanes.Tx).InUse == 0
 	})
 	// A short UPDATE of the row succeeds right away.
@@ -416,7 +417,7 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 		t.Fatalf("update: %v, want a lock timeout", err)
 	}
 	var rec map[string]any
-	eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
+	harness.Eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
 		for _, r := range logs.records(t) {
 			if r["msg"] == "pgxlanes: lock timeout; likely holders" {
 				rec = r

@@ -164,15 +164,3 @@ func itoa(n int) string { return fmt.Sprint(n) }
 
 // sharedDSN is the DSN of the shared server's own database, for out-of-band checks.
 func sharedDSN(t testing.TB) string { return harness.DSN(t) }
-
-// eventually polls cond until it holds or d passes.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/pgxlanes/pgxlanes/integration/harness"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -194,13 +195,7 @@ func TestAcquireTimeoutAndLaneFull(t *testing.T) {
 		_, err := p.Exec(long, "select 1")
 		waiter <- err
 	}()
-	deadline := time.Now().Add(5 * time.Second)
-	for p.Stat().Lane(pgxlanes.Long).Waiting != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter never queued")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	harness.Eventually(t, 5*time.Second, "the waiter queued", func() bool { return p.Stat().Lane(pgxlanes.Long).Waiting == 1 })
 	_, err = p.Query(long, "select 1")
 	if !errors.Is(err, pgxlanes.ErrLaneFull) || !laneFullMsg.MatchString(err.Error()) {
 		t.Fatalf("lane full: %v", err)

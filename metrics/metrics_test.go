@@ -102,7 +102,7 @@ func TestQueueFigures(t *testing.T) {
 		}
 		waited <- err
 	}()
-	waitFor(t, 10*time.Second, "the waiter never queued", func() bool { return pool.Stat().Lane(pgxlanes.Long).Waiting == 1 })
+	harness.Eventually(t, 10*time.Second, "the waiter never queued", func() bool { return pool.Stat().Lane(pgxlanes.Long).Waiting == 1 })
 	const age = 30 * time.Millisecond
 	time.Sleep(age) // let the waiter age
 
@@ -275,10 +275,10 @@ func TestBudgetViolations(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	waitFor(t, 10*time.Second, "no terminate violation on the tx lane", func() bool {
+	harness.Eventually(t, 10*time.Second, "no terminate violation on the tx lane", func() bool {
 		return violations(pgxlanes.Tx, pgxlanes.ActionTerminate) == 1
 	})
-	waitFor(t, 10*time.Second, "no flag violation on the long lane", func() bool {
+	harness.Eventually(t, 10*time.Second, "no flag violation on the long lane", func() bool {
 		return violations(pgxlanes.Long, pgxlanes.ActionFlag) == 1
 	})
 

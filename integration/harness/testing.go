@@ -90,3 +90,17 @@ func NewDatabase(tb testing.TB) string {
 	})
 	return dsn
 }
+
+// Eventually polls cond every few milliseconds until it holds, and fails tb if d passes first.
+// Tests use it instead of fixed sleeps for conditions that another goroutine or the server
+// brings about.
+func Eventually(tb testing.TB, d time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
