@@ -18,7 +18,7 @@ import (
 //	reserved           N/4 (≥1)       (N-short)/2      0
 //	max_conns          N              N - short        (N-short)/4 (≥1)
 //	max_waiters        32 × max_conns (all lanes)
-//	acquire_timeout    1s             5s               30s
+//	acquire_timeout    1s             10s              30s
 //	statement_timeout  5s             30s              0 (none)
 //	lock_timeout       1s             10s              30s
 //	budget             6s             30s              10m          (short: statement_timeout + 1s)
@@ -197,7 +197,7 @@ func (c *Config) sizeLanes() error {
 		return err
 	}
 	rest := max(n-c.Short.Reserved, 0)
-	c.Tx = LaneConfig{Reserved: rest / 2, MaxConns: rest, AcquireTimeout: 5 * time.Second,
+	c.Tx = LaneConfig{Reserved: rest / 2, MaxConns: rest, AcquireTimeout: 10 * time.Second,
 		StatementTimeout: 30 * time.Second, LockTimeout: 10 * time.Second, Budget: 30 * time.Second, OverBudget: ActionCancel}
 	if err := c.applyExplicit(Tx); err != nil {
 		return err

@@ -42,7 +42,7 @@ func TestDefaultLanes(t *testing.T) {
 		}
 	}
 	c, _ := ParseConfig("host=127.0.0.1 pool_max_conns=8")
-	if c.Short.AcquireTimeout != time.Second || c.Tx.AcquireTimeout != 5*time.Second || c.Short.StatementTimeout != 5*time.Second ||
+	if c.Short.AcquireTimeout != time.Second || c.Tx.AcquireTimeout != 10*time.Second || c.Short.StatementTimeout != 5*time.Second ||
 		c.Long.StatementTimeout != 0 || c.Tx.Budget != 30*time.Second || c.Long.Budget != 10*time.Minute {
 		t.Errorf("timeouts: short %+v tx %+v long %+v", c.Short, c.Tx, c.Long)
 	}

@@ -23,7 +23,7 @@ func ExampleParseConfig() {
 	fmt.Println(err)
 	// Output:
 	// short reserved 2, max 8, acquire timeout 1s, budget 6s (cancel)
-	// tx    reserved 3, max 6, acquire timeout 5s, budget 10s (terminate)
+	// tx    reserved 3, max 6, acquire timeout 10s, budget 10s (terminate)
 	// long  reserved 0, max 1, acquire timeout 30s, budget 10m0s (flag)
 	// pgxlanes: DSN parameter lane_short_reserved: "lots" is not a whole number ≥ 0
 }

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"time"
+)
+
+// phase is a part of a contender's run. phaseLong marks the long transactions' calls.
+type phase uint8
+
+const (
+	phaseSteady phase = iota
+	phaseTransition
+	phaseBurst
+	phaseLong
+
+	numPhases = 3 // the phases of the short traffic
+)
+
+var phaseNames = [...]string{"steady", "transition", "burst", "long"}
+
+func (p phase) String() string { return phaseNames[p] }
+
+// phaseOfTag maps a pgxlanes tag back to the phase it was set for.
+func phaseOfTag(tag string) (phase, bool) {
+	switch tag {
+	case "steady":
+		return phaseSteady, true
+	case "transition":
+		return phaseTransition, true
+	case "burst":
+		return phaseBurst, true
+	case "long":
+		return phaseLong, true
+	}
+	return 0, false
+}
+
+// errKind sorts the outcome of a call.
+type errKind uint8
+
+const (
+	kindOK errKind = iota
+	kindAcquireTimeout
+	kindLaneFull
+	kindDeadline
+	kindOther
+	numKinds
+)
+
+var kindNames = [numKinds]string{"ok", "acquire_timeout", "lane_full", "deadline", "other"}
+
+// sample is one short lookup.
+type sample struct {
+	at   time.Duration // scheduled time, from the contender's start
+	lat  time.Duration // from the scheduled time to the end of the call
+	ph   phase
+	kind errKind
+}
+
+type phaseInfo struct {
+	set  bool
+	from time.Duration
+	dur  time.Duration
+	rate float64
+	work time.Duration
+}
+
+// recorder collects one contender's figures. It is safe for concurrent use; start is set before
+// any goroutine uses it.
+type recorder struct {
+	start time.Time
+
+	mu sync.Mutex
+	// Guarded by mu:
+	cur      phase
+	phases   [numPhases]phaseInfo
+	sent     int
+	shorts   []sample
+	acquires [numPhases + 1][]time.Duration // successful acquire waits, by phase (phaseLong last)
+	longs    []time.Duration                // commit times of long transactions, from start
+	longFail [numKinds]int
+	examples map[string]string // one error message per kind, for the report
+	seen     int               // shorts already reported by progress
+}
+
+func newRecorder() *recorder { return &recorder{examples: map[string]string{}} }
+
+func (r *recorder) setPhase(ph phase, from time.Time, dur time.Duration, rate float64, work time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cur = ph
+	r.phases[ph] = phaseInfo{set: true, from: from.Sub(r.start), dur: dur, rate: rate, work: work}
+}
+
+func (r *recorder) short(ph phase, at time.Time, lat time.Duration, kind errKind, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.shorts = append(r.shorts, sample{at: at.Sub(r.start), lat: lat, ph: ph, kind: kind})
+	r.example("lookup", kind, err)
+}
+
+func (r *recorder) issued() {
+	r.mu.Lock()
+	r.sent++
+	r.mu.Unlock()
+}
+
+func (r *recorder) acquired(ph phase, wait time.Duration) {
+	r.mu.Lock()
+	r.acquires[ph] = append(r.acquires[ph], wait)
+	r.mu.Unlock()
+}
+
+func (r *recorder) longCommitted(t time.Time) {
+	r.mu.Lock()
+	r.longs = append(r.longs, t.Sub(r.start))
+	r.mu.Unlock()
+}
+
+func (r *recorder) longFailed(kind errKind, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.longFail[kind]++
+	r.example("long", kind, err)
+}
+
+// example keeps the first error message of each kind. Caller must hold mu.
+func (r *recorder) example(what string, kind errKind, err error) {
+	if err == nil {
+		return
+	}
+	key := what + " " + kindNames[kind]
+	if _, ok := r.examples[key]; !ok {
+		r.examples[key] = err.Error()
+	}
+}
+
+type progressLine struct {
+	phase              string
+	sent, done, failed int
+	recent             int // lookups finished since the last call
+	recentP99          time.Duration
+	long               int
+}
+
+// progress returns the counts so far and the p99 of the lookups finished since the last call.
+func (r *recorder) progress() progressLine {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := progressLine{phase: r.cur.String(), sent: r.sent, long: len(r.longs)}
+	var recent []time.Duration
+	for i, s := range r.shorts {
+		if s.kind == kindOK {
+			p.done++
+		} else {
+			p.failed++
+		}
+		if i >= r.seen {
+			recent = append(recent, s.lat)
+		}
+	}
+	r.seen = len(r.shorts)
+	p.recent = len(recent)
+	if len(recent) > 0 {
+		slices.Sort(recent)
+		p.recentP99 = recent[rank(len(recent), 0.99)]
+	}
+	return p
+}
+
+// rank is the nearest-rank index of quantile q among n ordered values.
+func rank(n int, q float64) int {
+	return min(max(int(math.Ceil(q*float64(n)))-1, 0), n-1)
+}
+
+// result summarizes the run. Lookups that failed rank above every successful one: a percentile
+// that falls on a failure is reported as null ("failed"), never as a fast figure.
+func (r *recorder) result(name, about string, load bool, elapsed time.Duration) *contenderResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := &contenderResult{Name: name, About: about, Load: load, Seconds: round3(elapsed.Seconds()),
+		Errors: r.examples}
+	for ph := range phase(numPhases) {
+		info := r.phases[ph]
+		if !info.set {
+			continue
+		}
+		pr := &phaseResult{Seconds: info.dur.Seconds(), Rate: info.rate, WorkMS: ms(info.work),
+			FromS: round3(info.from.Seconds())}
+		var ok []time.Duration
+		for _, s := range r.shorts {
+			if s.ph != ph {
+				continue
+			}
+			pr.Issued++
+			pr.Failed.add(s.kind)
+			if s.kind == kindOK {
+				ok = append(ok, s.lat)
+				pr.Samples.AtMS = append(pr.Samples.AtMS, ms(s.at))
+				pr.Samples.LatencyMS = append(pr.Samples.LatencyMS, ms(s.lat))
+			} else {
+				pr.FailedAtMS = append(pr.FailedAtMS, ms(s.at))
+			}
+		}
+		pr.OK = len(ok)
+		slices.Sort(ok)
+		pr.Latency = latencyQuantiles(ok, pr.Issued)
+		pr.AcquireWait = waitQuantiles(r.acquires[ph])
+		for _, c := range r.longs {
+			if c >= info.from && c < info.from+info.dur {
+				pr.LongCommitted++
+			}
+		}
+		switch ph {
+		case phaseSteady:
+			res.Steady = pr
+		case phaseTransition:
+			res.Transition = pr
+		case phaseBurst:
+			res.Burst = pr
+		}
+	}
+	res.Long.Committed = len(r.longs)
+	if len(r.longs) > 0 {
+		res.Long.PerSecond = round3(float64(len(r.longs)) / elapsed.Seconds())
+	}
+	for k := kindAcquireTimeout; k < numKinds; k++ {
+		for range r.longFail[k] {
+			res.Long.Failed.add(k)
+		}
+	}
+	res.Long.AcquireWait = waitQuantiles(r.acquires[phaseLong])
+	return res
+}
+
+func latencyQuantiles(sortedOK []time.Duration, total int) quantiles {
+	var q quantiles
+	if total == 0 {
+		return q
+	}
+	at := func(p float64) *float64 {
+		i := rank(total, p)
+		if i >= len(sortedOK) {
+			return nil
+		}
+		v := ms(sortedOK[i])
+		return &v
+	}
+	q.P50, q.P99, q.P999 = at(0.50), at(0.99), at(0.999)
+	if len(sortedOK) == total {
+		v := ms(sortedOK[total-1])
+		q.Max = &v
+	}
+	return q
+}
+
+func waitQuantiles(waits []time.Duration) waitStats {
+	if len(waits) == 0 {
+		return waitStats{}
+	}
+	w := slices.Clone(waits)
+	slices.Sort(w)
+	return waitStats{N: len(w), P99MS: ms(w[rank(len(w), 0.99)]), MaxMS: ms(w[len(w)-1])}
+}
+
+// ms converts d to milliseconds, rounded to the microsecond.
+func ms(d time.Duration) float64 { return round3(float64(d) / float64(time.Millisecond)) }
+
+func round3(f float64) float64 { return math.Round(f*1000) / 1000 }

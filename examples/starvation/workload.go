@@ -1,0 +1,617 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+const tableName = "pgxlanes_starvation_demo"
+
+// The statements of the workload. Long transactions lock rows 1..long-workers, one each; lookups
+// read the other rows, so they never wait on a row lock, only on a connection.
+const (
+	lookupSQL     = "select val from " + tableName + " where id = $1"
+	lookupWorkSQL = "select t.val from " + tableName + " t, pg_sleep($2::float8) where t.id = $1"
+	lockSQL       = "select val from " + tableName + " where id = $1 for update"
+)
+
+func createTable(ctx context.Context, conn *pgx.Conn, rows int) error {
+	_, err := conn.Exec(ctx, "drop table if exists "+tableName+"; create table "+tableName+
+		" (id int primary key, val text not null)")
+	if err == nil {
+		_, err = conn.Exec(ctx, "insert into "+tableName+" select i, md5(i::text) from generate_series(1, $1::int) i", rows)
+	}
+	if err == nil {
+		// Vacuumed now, so that autovacuum does not visit the new table in the middle of a run.
+		_, err = conn.Exec(ctx, "vacuum analyze "+tableName)
+	}
+	if err != nil {
+		return fmt.Errorf("creating the demo table: %w", err)
+	}
+	return nil
+}
+
+// querier is what the workload needs of a pool: *pgxpool.Pool and *pgxlanes.Pool both have it.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// contenderSpec names a contender and builds its pools for one run.
+type contenderSpec struct {
+	name  string
+	about string
+	load  bool // runs the long transactions; false for the idle baseline
+	build func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error)
+}
+
+// pools is one contender's pools: short lookups go to short, long transactions to long.
+type pools struct {
+	short, long querier
+	// totalConns and newConns read the pools' connection counts; close closes them.
+	totalConns func() int32
+	newConns   func() int64
+	close      func()
+	// each holds every connection of the pools at once and runs f on each.
+	each func(ctx context.Context, f func(*pgx.Conn) error) error
+}
+
+// holdAll acquires n connections with acquire, all at the same time, runs f on each and
+// releases them.
+func holdAll(ctx context.Context, n int, acquire func(context.Context) (*pgx.Conn, func(), error), f func(*pgx.Conn) error) error {
+	var releases []func()
+	defer func() {
+		for _, r := range releases {
+			r()
+		}
+	}()
+	for range n {
+		c, release, err := acquire(ctx)
+		if err != nil {
+			return err
+		}
+		releases = append(releases, release)
+		if err := f(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func pgxpoolAcquire(p *pgxpool.Pool) func(context.Context) (*pgx.Conn, func(), error) {
+	return func(ctx context.Context) (*pgx.Conn, func(), error) {
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.Conn(), c.Release, nil
+	}
+}
+
+// warm runs every statement of the workload once on every connection, so that no contender is
+// measured while its connections prepare statements or its server sessions fill their caches.
+func warm(ctx context.Context, ps *pools, row int) error {
+	return ps.each(ctx, func(c *pgx.Conn) error {
+		var v string
+		err := c.QueryRow(ctx, lookupSQL, row).Scan(&v)
+		if err == nil {
+			err = c.QueryRow(ctx, lookupWorkSQL, row, 0.0).Scan(&v)
+		}
+		if err == nil {
+			err = c.QueryRow(ctx, lockSQL, row).Scan(&v) // outside a transaction the lock ends with the statement
+		}
+		if err != nil {
+			return fmt.Errorf("warming up: %w", err)
+		}
+		return nil
+	})
+}
+
+// contenders returns the contenders cfg names, in its order.
+func contenders(cfg *config) ([]contenderSpec, error) {
+	heavy := cfg.conns - cfg.fastConns
+	all := []contenderSpec{
+		{name: "idle", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, no long transactions (baseline)", cfg.conns),
+			build: buildLanes},
+		{name: "pgxpool", about: fmt.Sprintf("one pgxpool of %d conns", cfg.conns), load: true, build: buildPgxpool},
+		{name: "two-pool", about: fmt.Sprintf("pgxpool fast %d + heavy %d conns", cfg.fastConns, heavy), load: true,
+			build: buildTwoPools},
+		{name: "pgxlanes", about: fmt.Sprintf("pgxlanes, %d conns, default lanes", cfg.conns), load: true, build: buildLanes},
+	}
+	var specs []contenderSpec
+next:
+	for _, name := range cfg.contenders {
+		for _, s := range all {
+			if s.name == name {
+				specs = append(specs, s)
+				continue next
+			}
+		}
+		return nil, usageError{fmt.Sprintf("-contenders: unknown contender %q (contenders are idle, pgxpool, two-pool, pgxlanes)", name)}
+	}
+	return specs, nil
+}
+
+func newPgxpool(ctx context.Context, dsn string, n int, rec *recorder) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	pc.MaxConns, pc.MinConns = int32(n), int32(n)
+	pc.ConnConfig.Tracer = acquireTracer{rec}
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+func buildPgxpool(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
+	p, err := newPgxpool(ctx, dsn, cfg.conns, rec)
+	if err != nil {
+		return nil, err
+	}
+	return &pools{short: p, long: p, close: p.Close,
+		totalConns: func() int32 { return p.Stat().TotalConns() },
+		newConns:   func() int64 { return p.Stat().NewConnsCount() },
+		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
+			return holdAll(ctx, cfg.conns, pgxpoolAcquire(p), f)
+		}}, nil
+}
+
+func buildTwoPools(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
+	fast, err := newPgxpool(ctx, dsn, cfg.fastConns, rec)
+	if err != nil {
+		return nil, err
+	}
+	heavy, err := newPgxpool(ctx, dsn, cfg.conns-cfg.fastConns, rec)
+	if err != nil {
+		fast.Close()
+		return nil, err
+	}
+	return &pools{short: fast, long: heavy,
+		close:      func() { fast.Close(); heavy.Close() },
+		totalConns: func() int32 { return fast.Stat().TotalConns() + heavy.Stat().TotalConns() },
+		newConns:   func() int64 { return fast.Stat().NewConnsCount() + heavy.Stat().NewConnsCount() },
+		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
+			if err := holdAll(ctx, cfg.fastConns, pgxpoolAcquire(fast), f); err != nil {
+				return err
+			}
+			return holdAll(ctx, cfg.conns-cfg.fastConns, pgxpoolAcquire(heavy), f)
+		}}, nil
+}
+
+func buildLanes(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
+	lc, err := pgxlanes.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	lc.MaxConns, lc.MinConns = int32(cfg.conns), int32(cfg.conns) // the lanes are sized for MaxConns
+	p, err := pgxlanes.NewWithConfig(ctx, lc)
+	if err != nil {
+		return nil, err
+	}
+	p.AddObserver(laneObserver{rec})
+	// Short may hold every connection (its cap is MaxConns), and needs no session SET to do so.
+	acquire := func(ctx context.Context) (*pgx.Conn, func(), error) {
+		c, err := p.Acquire(pgxlanes.WithLane(ctx, pgxlanes.Short))
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.Conn(), c.Release, nil
+	}
+	return &pools{short: p, long: p, close: p.Close,
+		totalConns: func() int32 { return p.Stat().TotalConns() },
+		newConns:   func() int64 { return p.Stat().NewConnsCount() },
+		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
+			return holdAll(ctx, cfg.conns, acquire, f)
+		}}, nil
+}
+
+// acquireTracer times pgxpool's Acquire for the calls whose context carries a phase.
+type acquireTracer struct{ rec *recorder }
+
+type acquireStartKey struct{}
+
+func (t acquireTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	if _, ok := ctx.Value(phaseKey{}).(phase); !ok {
+		return ctx
+	}
+	return context.WithValue(ctx, acquireStartKey{}, time.Now())
+}
+
+func (t acquireTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, data pgxpool.TraceAcquireEndData) {
+	ph, ok := ctx.Value(phaseKey{}).(phase)
+	start, ok2 := ctx.Value(acquireStartKey{}).(time.Time)
+	if ok && ok2 && data.Err == nil {
+		t.rec.acquired(ph, time.Since(start))
+	}
+}
+
+func (acquireTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (acquireTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// laneObserver records pgxlanes' acquire waits; the phase comes from the call's tag.
+type laneObserver struct{ rec *recorder }
+
+func (o laneObserver) ObserveAcquire(e pgxlanes.AcquireEvent) {
+	if ph, ok := phaseOfTag(e.Tag); ok && e.Err == nil {
+		o.rec.acquired(ph, e.Wait)
+	}
+}
+func (laneObserver) ObserveRelease(pgxlanes.ReleaseEvent) {}
+
+// phaseKey carries the phase of a call in its context, for acquireTracer.
+type phaseKey struct{}
+
+// phaseContext returns ctx marked with phase ph: a pgxlanes tag and a value for the tracer.
+func phaseContext(ctx context.Context, ph phase) context.Context {
+	return context.WithValue(pgxlanes.WithTag(ctx, ph.String()), phaseKey{}, ph)
+}
+
+// classify sorts a failed call's error.
+func classify(err error) errKind {
+	switch {
+	case err == nil:
+		return kindOK
+	case errors.Is(err, pgxlanes.ErrAcquireTimeout):
+		return kindAcquireTimeout
+	case errors.Is(err, pgxlanes.ErrLaneFull):
+		return kindLaneFull
+	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
+		return kindDeadline
+	}
+	return kindOther
+}
+
+// demo runs the contenders one after another.
+type demo struct {
+	cfg   *config
+	dsn   string
+	admin *pgx.Conn
+	logf  func(string, ...any)
+}
+
+// phaseSpec is one phase of the short traffic.
+type phaseSpec struct {
+	ph    phase
+	dur   time.Duration
+	rate  float64
+	work  time.Duration
+	start func() // called when the phase begins
+}
+
+func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contenderResult, error) {
+	cfg := d.cfg
+	rec := newRecorder()
+	sess0, sessOK := sessionsCount(ctx, d.admin)
+	ps, err := spec.build(ctx, d.dsn, cfg, rec)
+	if err != nil {
+		return nil, err
+	}
+	closed := false
+	closePools := func() {
+		if !closed {
+			closed = true
+			ps.close()
+		}
+	}
+	defer closePools()
+	if err := waitConns(ctx, ps, int32(cfg.conns)); err != nil {
+		return nil, err
+	}
+	if err := warm(ctx, ps, cfg.longWorkers+1); err != nil {
+		return nil, err
+	}
+
+	d.logf("== %s: %s", spec.name, spec.about)
+	start := time.Now()
+	rec.start = start
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	progressDone := d.progress(runCtx, spec.name, rec)
+
+	var g *gate
+	var longs sync.WaitGroup
+	if spec.load {
+		g = newGate(runCtx, cfg.longWorkers)
+		g.set(cfg.longWorkers)
+		for i := range cfg.longWorkers {
+			longs.Add(1)
+			go func() {
+				defer longs.Done()
+				delay := time.Duration(int64(cfg.ramp) * int64(i) / int64(cfg.longWorkers))
+				d.longWorker(runCtx, ps.long, g, i, delay, rec)
+			}()
+		}
+		if !sleepCtx(ctx, cfg.ramp) {
+			return nil, ctx.Err()
+		}
+	}
+
+	phases := []phaseSpec{{ph: phaseSteady, dur: cfg.steady, rate: cfg.rate}}
+	if spec.load {
+		phases = append(phases, phaseSpec{ph: phaseTransition, dur: cfg.transition, rate: cfg.rate,
+			start: func() { g.set(cfg.burstLongWorkers) }})
+	}
+	phases = append(phases, phaseSpec{ph: phaseBurst, dur: cfg.burst, rate: cfg.burstRate, work: cfg.burstWork})
+	shorts := d.shortTraffic(runCtx, ps.short, phases, rec)
+	if g != nil {
+		g.close() // running transactions finish; waiting ones withdraw
+	}
+	shorts.Wait()
+	longs.Wait()
+	elapsed := time.Since(start)
+	cancelRun()
+	<-progressDone
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	newConns := ps.newConns()
+	closePools()
+	res := rec.result(spec.name, spec.about, spec.load, elapsed)
+	res.Sessions.NewConns = newConns
+	if sessOK {
+		if n, ok := sessionsAfter(ctx, d.admin, sess0); ok {
+			res.Sessions.Server = &n
+		}
+	}
+	d.logf("   %s done in %.1fs", spec.name, elapsed.Seconds())
+	return res, nil
+}
+
+// waitConns waits until the pools have opened want connections (MinConns), so that no contender
+// pays for opening connections while it is measured.
+func waitConns(ctx context.Context, ps *pools, want int32) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for ps.totalConns() < want {
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			return fmt.Errorf("opening %d connections: only %d after 30s", want, ps.totalConns())
+		}
+	}
+	return nil
+}
+
+// shortTraffic issues lookups open-loop: lookup k of a phase is scheduled at phase start + k/rate,
+// runs in its own goroutine, and its latency counts from the scheduled time, so a lookup that
+// waits for a connection is slow, not late. It returns once every lookup is issued; the WaitGroup
+// tells when they have all finished. Keys come from a generator seeded alike for every contender.
+func (d *demo) shortTraffic(ctx context.Context, q querier, phases []phaseSpec, rec *recorder) *sync.WaitGroup {
+	cfg := d.cfg
+	var wg sync.WaitGroup
+	rng := rand.New(rand.NewPCG(cfg.seed, 0x5eed))
+	hot := cfg.longWorkers // rows 1..hot are locked by long transactions
+	phaseStart := time.Now()
+	for _, ps := range phases {
+		if ps.start != nil {
+			ps.start()
+		}
+		rec.setPhase(ps.ph, phaseStart, ps.dur, ps.rate, ps.work)
+		base := phaseContext(ctx, ps.ph)
+		interval := time.Duration(float64(time.Second) / ps.rate)
+		n := int(ps.dur / interval)
+		for k := range n {
+			at := phaseStart.Add(time.Duration(k) * interval)
+			if !sleepUntil(ctx, at) {
+				return &wg
+			}
+			id := hot + 1 + rng.IntN(cfg.rows-hot)
+			rec.issued()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cctx, cancel := context.WithDeadline(base, at.Add(cfg.timeout))
+				var val string
+				var err error
+				if ps.work > 0 {
+					err = q.QueryRow(cctx, lookupWorkSQL, id, ps.work.Seconds()).Scan(&val)
+				} else {
+					err = q.QueryRow(cctx, lookupSQL, id).Scan(&val)
+				}
+				cancel()
+				rec.short(ps.ph, at, time.Since(at), classify(err), err)
+			}()
+		}
+		phaseStart = phaseStart.Add(ps.dur)
+	}
+	sleepUntil(ctx, phaseStart)
+	return &wg
+}
+
+// longWorker runs long transactions back to back while the gate lets it: lock its own row, hold
+// it for the application work, commit. Hold times come from a generator seeded by the worker's
+// index, so every contender gets the same sequence.
+func (d *demo) longWorker(ctx context.Context, q querier, g *gate, idx int, delay time.Duration, rec *recorder) {
+	cfg := d.cfg
+	if !sleepCtx(ctx, delay) {
+		return
+	}
+	rng := rand.New(rand.NewPCG(cfg.seed, uint64(idx)))
+	row := idx + 1
+	tagged := phaseContext(ctx, phaseLong)
+	for iter := 0; ; iter++ {
+		actx, cancel, ok := g.enter(tagged, idx)
+		if !ok {
+			return
+		}
+		hold := time.Duration(float64(cfg.longHold) * (1 + cfg.longJitter*(2*rng.Float64()-1)))
+		if iter == 0 {
+			// The first transaction is as if caught midway: a uniform part of a hold. So the workers
+			// do not commit in lockstep, and the pool is in its steady state from the start.
+			hold = time.Duration(float64(hold) * rng.Float64())
+		}
+		tx, err := q.Begin(actx)
+		withdrawn := actx.Err() != nil
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !withdrawn { // a withdrawn waiter is the gate's doing, not a failure
+				rec.longFailed(classify(err), err)
+				sleepCtx(ctx, 10*time.Millisecond)
+			}
+			continue
+		}
+		// The transaction runs to completion whatever the gate says; only the run's end stops it.
+		var val string
+		err = tx.QueryRow(ctx, lockSQL, row).Scan(&val)
+		if err == nil && sleepCtx(ctx, hold) {
+			err = tx.Commit(ctx)
+		} else if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = tx.Rollback(rctx)
+			rcancel()
+			if ctx.Err() != nil {
+				return
+			}
+			rec.longFailed(classify(err), err)
+			continue
+		}
+		rec.longCommitted(time.Now())
+	}
+}
+
+// gate says which long workers may start a transaction: those whose index is below the active
+// count. Lowering the count withdraws the waiting acquires of the workers it turns off (their
+// contexts are cancelled), so that a pool's queue empties at once; transactions already running
+// are left to finish.
+type gate struct {
+	mu      sync.Mutex
+	active  int
+	closed  bool
+	changed chan struct{} // closed and replaced at every change
+	cancels []context.CancelFunc
+	done    <-chan struct{}
+}
+
+func newGate(ctx context.Context, workers int) *gate {
+	return &gate{changed: make(chan struct{}), cancels: make([]context.CancelFunc, workers), done: ctx.Done()}
+}
+
+// enter waits until worker idx may start a transaction and returns the context for its acquire,
+// cancelled if the worker is turned off meanwhile; ok is false once the gate is closed.
+func (g *gate) enter(parent context.Context, idx int) (context.Context, context.CancelFunc, bool) {
+	for {
+		g.mu.Lock()
+		if g.closed {
+			g.mu.Unlock()
+			return nil, nil, false
+		}
+		if idx < g.active {
+			ctx, cancel := context.WithCancel(parent)
+			g.cancels[idx] = cancel
+			g.mu.Unlock()
+			return ctx, cancel, true
+		}
+		ch := g.changed
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-g.done:
+			return nil, nil, false
+		}
+	}
+}
+
+// set makes the first n workers active.
+func (g *gate) set(n int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.active = n
+	for i := n; i < len(g.cancels); i++ {
+		if g.cancels[i] != nil {
+			g.cancels[i]()
+		}
+	}
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+func (g *gate) close() {
+	g.set(0)
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// progress prints a line per second on stderr until ctx ends; the channel closes when it stops.
+func (d *demo) progress(ctx context.Context, name string, rec *recorder) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				p := rec.progress()
+				recent := "-"
+				if p.recent > 0 {
+					recent = fmtDur(p.recentP99)
+				}
+				d.logf("   %-8s %4.0fs %-10s lookups: %5d sent %5d done %4d failed %5d waiting, p99 of last 1s %s | long tx: %d committed",
+					name, time.Since(rec.start).Seconds(), p.phase, p.sent, p.done, p.failed, p.sent-p.done-p.failed,
+					recent, p.long)
+			}
+		}
+	}()
+	return done
+}
+
+// sessionsCount reads pg_stat_database.sessions (PostgreSQL 14+) of the demo's database.
+func sessionsCount(ctx context.Context, admin *pgx.Conn) (int64, bool) {
+	var n int64
+	err := admin.QueryRow(ctx, "select sessions from pg_stat_database where datname = current_database()").Scan(&n)
+	return n, err == nil
+}
+
+// sessionsAfter waits for the closed pools' server sessions to end (they report their statistics
+// as they exit) and returns the sessions established since before.
+func sessionsAfter(ctx context.Context, admin *pgx.Conn, before int64) (int64, bool) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var backends int64
+		err := admin.QueryRow(ctx, "select count(*) from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()").Scan(&backends)
+		if err != nil {
+			return 0, false
+		}
+		if backends == 0 || time.Now().After(deadline) {
+			break
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+	n, ok := sessionsCount(ctx, admin)
+	return n - before, ok
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func sleepUntil(ctx context.Context, t time.Time) bool { return sleepCtx(ctx, time.Until(t)) }
