@@ -144,7 +144,9 @@ func sessions(t testing.TB, dsn string) int64 {
 	return 0
 }
 
-// lanesIdle fails t unless no lane holds a slot and pgxpool has no acquired connection.
+// lanesIdle fails t unless no lane holds a slot or has a waiter, and pgxpool has no connection
+// acquired. pgxpool destroys a broken connection in the background and counts it as acquired
+// until then, so its count is given a moment to settle; the lanes' count must be exact at once.
 func lanesIdle(t testing.TB, p *pgxlanes.Pool, when string) {
 	t.Helper()
 	st := p.Stat()
@@ -153,9 +155,9 @@ func lanesIdle(t testing.TB, p *pgxlanes.Pool, when string) {
 			t.Fatalf("%s: %s lane holds %d slots, %d waiting", when, l, ls.InUse, ls.Waiting)
 		}
 	}
-	if n := st.AcquiredConns(); n != 0 {
-		t.Fatalf("%s: %d connections still acquired", when, n)
-	}
+	harness.Eventually(t, 2*time.Second, when+": no connection acquired from pgxpool", func() bool {
+		return p.Stat().AcquiredConns() == 0
+	})
 }
 
 func fmtDur(d time.Duration) string { return fmt.Sprint(d.Round(10 * time.Microsecond)) }

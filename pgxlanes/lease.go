@@ -54,6 +54,7 @@ type lease struct {
 	rows poolRows
 	row  poolRow
 	tx   poolTx
+	held Conn
 
 	guard    txguard.Lease
 	callSite txguard.CallSite

@@ -481,7 +481,8 @@ func (p *Pool) Acquire(ctx context.Context) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{l: l}, nil
+	l.held = Conn{l: l}
+	return &l.held, nil
 }
 
 // AcquireFunc acquires a connection as Acquire does, calls f with it, and releases it when f

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -124,15 +123,16 @@ func BenchmarkWaiters(b *testing.B) {
 				p.TryAcquire(0)
 			}
 			for range n {
-				p.enqueueLocked(&waiter{ready: make(chan struct{}), lane: 0, since: time.Now()})
+				p.enqueueLocked(newWaiter(0))
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				w := &waiter{ready: make(chan struct{}), lane: 0, since: time.Now()}
+				w := newWaiter(0)
 				p.mu.Lock()
 				p.enqueueLocked(w)
 				p.mu.Unlock()
 				_, _ = p.abandon(w, context.Canceled)
+				w.recycle()
 			}
 		})
 		b.Run(fmt.Sprintf("Waiters=%d/Op=release-grant", n), func(b *testing.B) {
@@ -143,7 +143,7 @@ func BenchmarkWaiters(b *testing.B) {
 			}
 			ws := make([]*waiter, 0, n)
 			for range n {
-				w := &waiter{ready: make(chan struct{}), lane: 0, since: time.Now()}
+				w := newWaiter(0)
 				p.enqueueLocked(w)
 				ws = append(ws, w)
 			}
@@ -152,8 +152,10 @@ func BenchmarkWaiters(b *testing.B) {
 				p.Release(held)
 				w := ws[0] // granted
 				ws = ws[1:]
+				<-w.ready
 				held = w.slot
-				nw := &waiter{ready: make(chan struct{}), lane: 0, since: time.Now()}
+				w.recycle()
+				nw := newWaiter(0)
 				p.mu.Lock()
 				p.enqueueLocked(nw) // keep the queue length at n
 				p.mu.Unlock()

@@ -151,10 +151,14 @@ type lane struct {
 	cancels       int64
 }
 
-// waiter is one queued caller. ready is closed when the waiter is granted a slot or the pool
-// closes; slot and err are written before ready is closed and read after.
+// waiter is one queued caller. When it is granted a slot or the pool closes, slot or err is
+// written and then a token is sent on ready (buffered, so the sender never blocks). Exactly one
+// token is sent per wait and the waiter takes it, in Acquire or in abandon, so a waiter whose wait
+// is over holds no token, is linked nowhere, and is put back in waiterPool with its channel and
+// timer for the next wait: a waiting acquire allocates nothing in the steady state.
 type waiter struct {
 	ready      chan struct{}
+	timer      *time.Timer // the acquire timeout, created on first use and reused
 	slot       Slot
 	err        error
 	lane       int
@@ -281,16 +285,20 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 		p.mu.Unlock()
 		return Slot{}, err
 	}
-	w := &waiter{ready: make(chan struct{}), lane: i, since: time.Now()}
+	w := newWaiter(i)
 	p.enqueueLocked(w)
 	timeout := l.cfg.AcquireTimeout
 	p.mu.Unlock()
+	defer w.recycle()
 
 	var expired <-chan time.Time
 	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		expired = t.C
+		if w.timer == nil {
+			w.timer = time.NewTimer(timeout)
+		} else {
+			w.timer.Reset(timeout)
+		}
+		expired = w.timer.C
 	}
 	select {
 	case <-w.ready:
@@ -303,6 +311,25 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 	case <-expired:
 		return p.abandon(w, ErrAcquireTimeout)
 	}
+}
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ready: make(chan struct{}, 1)} }}
+
+// newWaiter returns a waiter for lane i, reused from earlier waits when possible.
+func newWaiter(i int) *waiter {
+	w := waiterPool.Get().(*waiter)
+	w.lane, w.since = i, time.Now()
+	return w
+}
+
+// recycle returns w to waiterPool once its wait is over: it is unlinked and its token taken.
+// Since Go 1.23, Stop guarantees that no stale value is received from the timer after it returns.
+func (w *waiter) recycle() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.slot, w.err, w.waited, w.seq = Slot{}, nil, 0, 0
+	waiterPool.Put(w)
 }
 
 // TryAcquire takes a slot for lane i if it can do so without waiting.
@@ -376,7 +403,7 @@ func (p *Pool) Close() {
 		for w := p.lanes[i].waitHead; w != nil; w = p.lanes[i].waitHead {
 			p.unlinkLocked(w)
 			w.err = p.errorLocked(i, time.Since(w.since), ErrClosed)
-			close(w.ready)
+			w.ready <- struct{}{}
 		}
 	}
 }
@@ -455,7 +482,7 @@ func (p *Pool) grantLocked() {
 		l.emptyAcquires++
 		w.waited = time.Since(w.since)
 		l.acquireWait += w.waited
-		close(w.ready)
+		w.ready <- struct{}{}
 	}
 }
 
