@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/pgxlanes/pgxlanes/txguard"
@@ -73,12 +74,20 @@ func (l *lease) wrap(err error) error {
 
 // Act carries out the guard's decision; it implements txguard.Owner. It holds l.mu throughout a
 // cancel or terminate, so the owner's release waits for it and never hands the connection to
-// someone else while the guard still acts on it.
+// someone else while the guard still acts on it. The report (log, observers, OnViolation) comes
+// after, outside the lock.
 func (l *lease) Act(a Action, elapsed time.Duration) {
+	v, err, acted := l.act(a, elapsed)
+	if acted {
+		l.p.reportViolation(v, err)
+	}
+}
+
+func (l *lease) act(a Action, elapsed time.Duration) (Violation, error, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.state != leaseActive {
-		return
+		return Violation{}, nil, false
 	}
 	if a == ActionTerminate && l.p.config.TransactionPooler {
 		// Behind a transaction pooler the PID is the pooler's, not the server's: the cancel
@@ -99,7 +108,7 @@ func (l *lease) Act(a Action, elapsed time.Duration) {
 		l.cancelledAt = time.Now()
 		// If the server does not answer the cancel (frozen, or the network is gone), the socket
 		// times out after CancelGrace and the connection is destroyed. net.Conn allows this
-		// call while the owner reads; release takes the deadline back.
+		// call while the owner reads; release and hijack take the deadline back.
 		_ = l.conn.PgConn().Conn().SetDeadline(l.cancelledAt.Add(l.p.config.CancelGrace))
 	case ActionTerminate:
 		l.violation.Store(l.budgetError(a, elapsed, v.CallSite))
@@ -108,14 +117,16 @@ func (l *lease) Act(a Action, elapsed time.Duration) {
 		cancel()
 		if err == nil {
 			// The backend is gone, and its locks with it: free the slot now, not when the
-			// application gets round to Rollback.
+			// application gets round to Rollback, and close the socket (net.Conn allows it
+			// while the owner reads) so that a lease never returned holds no descriptor.
 			l.pc.Hijack()
 			l.p.open.Add(-1)
+			_ = l.conn.PgConn().Conn().Close()
 			l.state = leaseTerminated
 			l.finish()
 		}
 	}
-	l.p.reportViolation(v, err)
+	return v, err, true
 }
 
 func (l *lease) budgetError(a Action, elapsed time.Duration, callSite string) *BudgetError {
@@ -170,11 +181,19 @@ func (l *lease) logReturned() {
 }
 
 // backstop is how long after BEGIN the server itself should end a transaction whose lease has
-// budget b and action a: just beyond the guard's last step. 0 for none (flag never ends work).
+// budget b and action a: just beyond the guard's last step. 0 for none: flag never ends work, and
+// PostgreSQL's timeouts stop at 2^31-1 ms (about 24.8 days), beyond which there is no backstop.
 func backstop(b time.Duration, a Action) time.Duration {
 	if b <= 0 || a == ActionFlag {
 		return 0
 	}
 	last := (&txguard.Lease{Budget: b, Action: a}).LastStep()
-	return last + max(time.Second, b/10)
+	d := last + max(time.Second, b/10)
+	if d < last || d > maxPGTimeout {
+		return 0
+	}
+	return d
 }
+
+// maxPGTimeout is the largest value PostgreSQL accepts for its timeout settings (INT_MAX ms).
+const maxPGTimeout = math.MaxInt32 * time.Millisecond

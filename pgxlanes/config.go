@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -84,7 +85,8 @@ type Config struct {
 	// Logger receives the budget warnings and actions. Default slog.Default().
 	Logger *slog.Logger
 	// OnViolation, if set, is called for every flag, cancel and terminate, after it was carried out.
-	// It runs on the pool's guard goroutine: keep it short.
+	// It runs on the pool's guard goroutine (or the goroutine of the action): keep it short, and do
+	// not close the pool from it.
 	OnViolation func(Violation)
 	// TransactionPooler must be set when the pool connects through a transaction-mode pooler such
 	// as PgBouncer with pool_mode=transaction (DSN: pgxlanes_transaction_pooler=true). Such a
@@ -280,6 +282,9 @@ func parseDuration(v string) (time.Duration, error) {
 	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
 		if ms < 0 {
 			return 0, fmt.Errorf("%q is negative", v)
+		}
+		if ms > int64(math.MaxInt64/time.Millisecond) {
+			return 0, fmt.Errorf("%q milliseconds is too long", v)
 		}
 		return time.Duration(ms) * time.Millisecond, nil
 	}

@@ -103,6 +103,8 @@ func TestParseConfigErrors(t *testing.T) {
 		{"lane_tx_acquire_timeout=soon", `lane_tx_acquire_timeout: "soon" is not a duration`},
 		{"lane_tx_acquire_timeout=-5s", `lane_tx_acquire_timeout: "-5s" is negative`},
 		{"lane_long_budget=-10", `lane_long_budget: "-10" is negative`},
+		{"lane_long_budget=18446744073710", `lane_long_budget: "18446744073710" milliseconds is too long`},
+		{"lane_long_budget=9223372036855", `lane_long_budget: "9223372036855" milliseconds is too long`},
 		{"lane_tx_over_budget=kill", `lane_tx_over_budget: "kill" is not flag, cancel or terminate`},
 	}
 	for _, tc := range tests {

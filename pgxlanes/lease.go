@@ -92,16 +92,7 @@ func (l *lease) release() {
 	l.mu.Unlock()
 
 	l.p.guard.Unwatch(&l.guard)
-	if !cancelledAt.IsZero() {
-		// The guard cancelled: let a late cancel land here, not on the next caller, and take back
-		// the socket deadline it set as a backstop.
-		if d := time.Until(cancelledAt.Add(cancelSettle)); d > 0 {
-			time.Sleep(d)
-		}
-		if !l.conn.IsClosed() {
-			_ = l.conn.PgConn().Conn().SetDeadline(time.Time{})
-		}
-	}
+	l.afterCancel(cancelledAt)
 	if l.reset != "" && !l.conn.IsClosed() && l.conn.PgConn().TxStatus() == 'I' {
 		// A connection not idle is destroyed by pgxpool's Release anyway.
 		ctx, cancel := context.WithTimeout(context.Background(), resetTimeout)
@@ -128,20 +119,43 @@ func (l *lease) destroy() {
 	l.p.res.Release(l.slot)
 }
 
-// hijack takes the connection out of the pool for the caller and frees the slot.
+// hijack takes the connection out of the pool for the caller and frees the slot. A connection the
+// guard terminated is handed over as it is: dead, for the caller to close.
 func (l *lease) hijack() *pgx.Conn {
 	l.mu.Lock()
-	if l.state != leaseActive {
+	switch l.state {
+	case leaseReleased:
 		l.mu.Unlock()
-		panic("pgxlanes: cannot hijack a connection already released, hijacked or terminated")
+		panic("pgxlanes: cannot hijack a connection already released or hijacked")
+	case leaseTerminated:
+		l.state = leaseReleased
+		l.mu.Unlock()
+		return l.conn
 	}
 	l.state = leaseReleased
+	cancelledAt := l.cancelledAt
 	l.mu.Unlock()
 	l.p.guard.Unwatch(&l.guard)
+	l.afterCancel(cancelledAt)
 	c := l.pc.Hijack()
 	l.p.open.Add(-1) // out of pgxpool without BeforeClose
 	l.finish()
 	return c
+}
+
+// afterCancel, for a connection whose statement the guard cancelled at cancelledAt (zero if it
+// did not), lets a late cancel land here rather than on the connection's next user, and takes back
+// the socket deadline the guard set as a backstop.
+func (l *lease) afterCancel(cancelledAt time.Time) {
+	if cancelledAt.IsZero() {
+		return
+	}
+	if d := time.Until(cancelledAt.Add(cancelSettle)); d > 0 {
+		time.Sleep(d)
+	}
+	if !l.conn.IsClosed() {
+		_ = l.conn.PgConn().Conn().SetDeadline(time.Time{})
+	}
 }
 
 func (l *lease) closeConn() {

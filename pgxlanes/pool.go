@@ -251,8 +251,14 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, er
 		p.observeAcquire(AcquireEvent{Lane: lane, Tag: a.Tag, Wait: time.Since(start), Err: err})
 		return nil, err
 	}
-	p.leased.Add(1)
+	return p.lease(ctx, pc, slot, lane, a, start, kind)
+}
 
+// lease turns a pgxpool connection and a lane slot into a lease: it prepares the session, starts
+// watching the budget, and reports the acquire. On error both are given back.
+func (p *Pool) lease(ctx context.Context, pc *pgxpool.Conn, slot reserve.Slot, lane Lane, a Annotations, start time.Time, kind callKind) (*lease, error) {
+	lr := &p.lanes[lane]
+	p.leased.Add(1)
 	l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, tag: a.Tag, start: start}
 	l.pid = l.conn.PgConn().PID()
 	if kind != kindTx && lr.sessionSet != "" {
@@ -271,7 +277,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, er
 	}
 	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: budget, Action: lr.cfg.OverBudget}
 	if p.config.CaptureCallSites {
-		l.callSite = txguard.Capture(2)
+		l.callSite = txguard.Capture(0) // String skips the frames of pgxlanes and pgx
 	}
 	p.guard.Watch(&l.guard)
 	if lane != Short {
@@ -409,7 +415,7 @@ func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, er
 	t, err := l.conn.BeginTx(ctx, p.txOptions(l.lane, l.guard.Budget, txOptions))
 	if err != nil {
 		l.release()
-		return nil, err
+		return nil, l.wrap(err)
 	}
 	l.tx = poolTx{t: t, l: l}
 	return &l.tx, nil
@@ -500,26 +506,25 @@ func (p *Pool) AcquireFunc(ctx context.Context, f func(*Conn) error) error {
 // without waiting; each gets a lane slot. The others are put back. Like pgxpool's, it is meant for
 // health checks and keep-alives.
 func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
+	a := AnnotationsFrom(ctx)
 	lane := Tx
-	if a := AnnotationsFrom(ctx); a.LaneSet && int(a.Lane) < numLanes {
+	if a.LaneSet && int(a.Lane) < numLanes {
 		lane = a.Lane
 	}
 	idle := p.pool.AcquireAllIdle(ctx)
 	conns := make([]*Conn, 0, len(idle))
-	now := time.Now()
 	for _, pc := range idle {
 		slot, ok := p.res.TryAcquire(int(lane))
 		if !ok {
 			pc.Release()
 			continue
 		}
-		p.leased.Add(1)
-		l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, start: now, acquired: now}
-		l.pid = l.conn.PgConn().PID()
-		l.guard = txguard.Lease{Owner: l, Start: now, Budget: p.lanes[lane].cfg.Budget, Action: p.lanes[lane].cfg.OverBudget}
-		p.guard.Watch(&l.guard)
-		p.observeAcquire(AcquireEvent{Lane: lane, Wait: 0})
-		conns = append(conns, &Conn{l: l})
+		l, err := p.lease(ctx, pc, slot, lane, a, time.Now(), kindSession)
+		if err != nil {
+			continue
+		}
+		l.held = Conn{l: l}
+		conns = append(conns, &l.held)
 	}
 	return conns
 }

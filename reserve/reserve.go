@@ -323,10 +323,14 @@ func newWaiter(i int) *waiter {
 }
 
 // recycle returns w to waiterPool once its wait is over: it is unlinked and its token taken.
-// Since Go 1.23, Stop guarantees that no stale value is received from the timer after it returns.
+// Since Go 1.23 Stop alone guarantees that no stale value is received from the timer; the drain
+// keeps that true for a program that turns the old semantics back on (GODEBUG=asynctimerchan=1).
 func (w *waiter) recycle() {
-	if w.timer != nil {
-		w.timer.Stop()
+	if w.timer != nil && !w.timer.Stop() {
+		select {
+		case <-w.timer.C:
+		default:
+		}
 	}
 	w.slot, w.err, w.waited, w.seq = Slot{}, nil, 0, 0
 	waiterPool.Put(w)

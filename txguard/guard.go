@@ -18,6 +18,7 @@ package txguard
 import (
 	"container/heap"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 )
@@ -93,7 +94,25 @@ var (
 // may act. Server-side backstops are set just beyond it.
 func (l *Lease) LastStep() time.Duration {
 	s := l.ladder()
-	return time.Duration(s[len(s)-1].halves) * l.Budget / 2
+	return stepAfter(l.Budget, s[len(s)-1].halves)
+}
+
+// stepAfter is halves × budget/2, saturating instead of overflowing for huge budgets.
+func stepAfter(budget time.Duration, halves int) time.Duration {
+	half := budget / 2
+	if half > math.MaxInt64/time.Duration(halves) {
+		return math.MaxInt64
+	}
+	return time.Duration(halves) * half
+}
+
+// due returns Start + d, saturating at the far future.
+func (l *Lease) due(d time.Duration) time.Time {
+	t := l.Start.Add(d)
+	if t.Before(l.Start) {
+		return l.Start.Add(math.MaxInt64)
+	}
+	return t
 }
 
 // Guard schedules the ladders of all watched leases.
@@ -139,7 +158,7 @@ func (g *Guard) Watch(l *Lease) {
 	}
 	l.guard = g
 	l.step = 0
-	l.at = l.Start.Add(time.Duration(l.ladder()[0].halves) * l.Budget / 2)
+	l.at = l.due(stepAfter(l.Budget, l.ladder()[0].halves))
 	heap.Push(&g.h, l)
 	if g.timerAt.IsZero() || l.at.Before(g.timerAt) {
 		g.armLocked(l.at)
@@ -231,7 +250,7 @@ func (g *Guard) collect(batch []due, now time.Time) []due {
 		batch = append(batch, due{l.Owner, steps[l.step].action, now.Sub(l.Start)})
 		l.step++
 		if l.step < len(steps) {
-			l.at = l.Start.Add(time.Duration(steps[l.step].halves) * l.Budget / 2)
+			l.at = l.due(stepAfter(l.Budget, steps[l.step].halves))
 			heap.Fix(&g.h, 0)
 		} else {
 			heap.Pop(&g.h)

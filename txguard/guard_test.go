@@ -197,3 +197,15 @@ func BenchmarkWatchUnwatch(b *testing.B) {
 		}
 	}
 }
+
+func TestHugeBudgetSaturates(t *testing.T) {
+	for _, a := range []Action{Flag, Cancel, Terminate} {
+		l := &Lease{Budget: 1<<63 - 1, Action: a, Start: time.Now()}
+		if got := l.LastStep(); got <= 0 {
+			t.Fatalf("%v: LastStep of the largest budget overflowed to %v", a, got)
+		}
+		if at := l.due(l.LastStep()); at.Before(l.Start) {
+			t.Fatalf("%v: due time %v before the start", a, at)
+		}
+	}
+}

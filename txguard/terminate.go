@@ -16,9 +16,13 @@ import (
 type Terminator struct {
 	config *pgx.ConnConfig
 
-	mu   sync.Mutex // serializes use of conn
-	conn *pgx.Conn
+	mu     sync.Mutex // serializes use of conn
+	conn   *pgx.Conn
+	closed bool // after Close, the connection is not opened again
 }
+
+// ErrTerminatorClosed is returned by a Terminator used after Close.
+var ErrTerminatorClosed = errors.New("txguard: guard connection closed")
 
 // NewTerminator returns a Terminator that connects with a copy of config.
 func NewTerminator(config *pgx.ConnConfig) *Terminator {
@@ -36,6 +40,9 @@ func (t *Terminator) With(ctx context.Context, f func(*pgx.Conn) error) error {
 }
 
 func (t *Terminator) connectLocked(ctx context.Context) error {
+	if t.closed {
+		return ErrTerminatorClosed
+	}
 	if t.conn == nil || t.conn.IsClosed() {
 		c, err := pgx.ConnectConfig(ctx, t.config)
 		if err != nil {
@@ -107,6 +114,7 @@ func (t *Terminator) waitGone(ctx context.Context, pid uint32) error {
 func (t *Terminator) Close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.closed = true
 	if t.conn != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		_ = t.conn.Close(ctx)
