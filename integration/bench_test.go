@@ -75,6 +75,25 @@ func openPgxpool(tb testing.TB, dsn string) benchPool {
 	return pgxpoolBench{p}
 }
 
+// openPgxpoolTimeouts is plain pgxpool with the session timeouts pgxlanes gives the Short lane
+// (statement_timeout 5s, lock_timeout 1s in the startup packet). The server arms a timer for every
+// statement when statement_timeout is set, so this isolates what the lanes themselves cost from
+// what server-side timeouts cost.
+func openPgxpoolTimeouts(tb testing.TB, dsn string) benchPool {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.MaxConns, cfg.MinConns = benchConns, benchConns
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "5000"
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "1000"
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pgxpoolBench{p}
+}
+
 func openLanes(lane pgxlanes.Lane) func(tb testing.TB, dsn string) benchPool {
 	return func(tb testing.TB, dsn string) benchPool {
 		cfg, err := pgxlanes.ParseConfig(dsn)
@@ -92,6 +111,7 @@ func openLanes(lane pgxlanes.Lane) func(tb testing.TB, dsn string) benchPool {
 
 var benchImpls = []benchImpl{
 	{"pgxpool", openPgxpool},
+	{"pgxpool-timeouts", openPgxpoolTimeouts},
 	{"pgxlanes", openLanes(pgxlanes.Short)},
 }
 

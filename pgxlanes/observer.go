@@ -70,6 +70,12 @@ func (p *Pool) storeObserversLocked(change func([]observerEntry) []observerEntry
 	p.observers.Store(&next)
 }
 
+// observed reports whether any observer is registered.
+func (p *Pool) observed() bool {
+	obs := p.observers.Load()
+	return obs != nil && len(*obs) > 0
+}
+
 func (p *Pool) observeAcquire(e AcquireEvent) {
 	if obs := p.observers.Load(); obs != nil {
 		for _, x := range *obs {

@@ -259,7 +259,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind) (*lease, er
 func (p *Pool) lease(ctx context.Context, pc *pgxpool.Conn, slot reserve.Slot, lane Lane, a Annotations, start time.Time, kind callKind) (*lease, error) {
 	lr := &p.lanes[lane]
 	p.leased.Add(1)
-	l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, tag: a.Tag, start: start}
+	l := &lease{p: p, pc: pc, conn: pc.Conn(), slot: slot, lane: lane, tag: a.Tag}
 	l.pid = l.conn.PgConn().PID()
 	if kind != kindTx && lr.sessionSet != "" {
 		if _, err := l.conn.Exec(ctx, lr.sessionSet); err != nil {
