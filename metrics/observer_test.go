@@ -295,7 +295,7 @@ func TestConfigGauges(t *testing.T) {
 # TYPE pgxlanes_lane_acquire_timeout_seconds gauge
 pgxlanes_lane_acquire_timeout_seconds{lane="long",pool="p"} 0.05
 pgxlanes_lane_acquire_timeout_seconds{lane="short",pool="p"} 1
-pgxlanes_lane_acquire_timeout_seconds{lane="tx",pool="p"} 5
+pgxlanes_lane_acquire_timeout_seconds{lane="tx",pool="p"} 10
 # HELP pgxlanes_lane_budget_seconds The lane's default budget for a transaction or held connection; 0 means none.
 # TYPE pgxlanes_lane_budget_seconds gauge
 pgxlanes_lane_budget_seconds{lane="long",pool="p"} 600
