@@ -82,12 +82,10 @@ func (p *Pool) blameLockTimeout(l *lease, err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		type holder struct {
-			pid     uint32
-			state   string
-			age     float64
-			tables  string
-			mine    *lease
-			callers string
+			pid    uint32
+			state  string
+			age    float64
+			tables string
 		}
 		var hs []holder
 		qerr := p.term.With(ctx, func(c *pgx.Conn) error {
