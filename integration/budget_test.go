@@ -227,9 +227,55 @@ func TestShortBudgetCancels(t *testing.T) {
 	if err := p.QueryRow(ctx, "select 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}
+	// Rows report the cancel only when read: Rows.Err carries the budget error too.
+	rows, err := p.Query(ctx, "select 1 from pg_sleep(10)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	_, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+	took = time.Since(start)
+	var be *pgxlanes.BudgetError
+	if !errors.As(err, &be) || be.Lane != pgxlanes.Short || sqlState(err) != "57014" || took > 3*time.Second {
+		t.Fatalf("rows after %s: %v, want a Short-lane BudgetError wrapping 57014 at about 300ms", took, err)
+	}
+	lanesIdle(t, p, "after the cancelled rows")
 	if n := p.Stat().NewConnsCount(); n != 1 {
 		t.Fatalf("%d connections opened, want the one", n)
 	}
+}
+
+// TestCancelRowsOfTx: rows of a transaction's query that the guard cancels report the budget
+// error from Rows.Err; the rollback frees the lane.
+func TestCancelRowsOfTx(t *testing.T) {
+	ctx := context.Background()
+	p, _ := newGuardedPool(t, newDB(t, 10), "pool_max_conns=2&lane_tx_budget=300ms&lane_tx_over_budget=cancel",
+		func(c *pgxlanes.Config) { c.CancelGrace = 200 * time.Millisecond })
+	tx, err := p.Begin(pgxlanes.WithTag(ctx, "export"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, "select 1 from pg_sleep(10)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+	took := time.Since(start)
+	var be *pgxlanes.BudgetError
+	if !errors.As(err, &be) || be.Tag != "export" || sqlState(err) != "57014" || took > 3*time.Second {
+		t.Fatalf("rows after %s: %v, want a BudgetError (tag export) wrapping 57014", took, err)
+	}
+	if err := rows.Err(); !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
+		t.Fatalf("Rows.Err again: %v", err)
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
+		t.Fatalf("Commit: %v, want ErrBudgetExceeded", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lanesIdle(t, p, "after the cancelled transaction")
 }
 
 // TestFlagOnly: with flag, the work goes on; exactly one warning names the call site, and a
@@ -447,4 +493,74 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 	if n != 1 {
 		t.Fatalf("%d lock-holder lines, want 1 (rate-limited)", n)
 	}
+}
+
+// TestLockTimeoutBlamedOnEveryPath: the lock-holder line is written whichever call met the lock
+// timeout: the rows of a pool query (where the error only shows when they are read), a
+// transaction's statement, and a transaction's rows.
+func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
+	ctx := context.Background()
+	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=6&lane_short_lock_timeout=100ms&lane_tx_lock_timeout=100ms", nil)
+	holder, err := p.Begin(pgxlanes.WithTag(ctx, "checkout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, "select v from items where id = 1 for update"); err != nil {
+		t.Fatal(err)
+	}
+	const lockSQL = "select v from items where id = 1 for update"
+	paths := []struct {
+		tag string
+		run func(ctx context.Context) error
+	}{
+		{"pool-rows", func(ctx context.Context) error {
+			rows, _ := p.Query(ctx, lockSQL)
+			_, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+			return err
+		}},
+		{"tx-exec", func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, lockSQL)
+				return err
+			})
+		}},
+		{"tx-rows", func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+				rows, _ := tx.Query(ctx, lockSQL)
+				_, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+				return err
+			})
+		}},
+		{"tx-row", func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+				return tx.QueryRow(ctx, lockSQL).Scan(new(int32))
+			})
+		}},
+	}
+	for i, path := range paths {
+		if i > 0 {
+			time.Sleep(1100 * time.Millisecond) // the lookup is rate-limited to one a second
+		}
+		if err := path.run(pgxlanes.WithTag(ctx, path.tag)); sqlState(err) != "55P03" {
+			t.Fatalf("%s: %v, want a lock timeout", path.tag, err)
+		}
+		harness.Eventually(t, 5*time.Second, path.tag+": a lock-holder line", func() bool {
+			for _, r := range logs.records(t) {
+				if r["msg"] != "pgxlanes: lock timeout; likely holders" || r["tag"] != path.tag {
+					continue
+				}
+				h, _ := r["holder1"].(map[string]any)
+				if h == nil || h["tag"] != "checkout" {
+					t.Fatalf("%s: log %v, want holder1 = the checkout transaction", path.tag, r)
+				}
+				return true
+			}
+			return false
+		})
+	}
+	if err := holder.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lanesIdle(t, p, "after the lock timeouts")
 }

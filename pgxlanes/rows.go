@@ -24,17 +24,27 @@ type errRow struct{ err error }
 func (e errRow) Scan(dest ...any) error { return e.err }
 
 // poolRows holds its lease until Close, or until Next returns false, or Scan or Values fail.
+// Rows report most server errors (a lock timeout, a cancel) only when read to the end, so Close
+// looks for a lock timeout to blame, and Err translates errors once the guard acted on the lease.
 type poolRows struct {
-	r pgx.Rows
-	l *lease
+	r      pgx.Rows
+	l      *lease
+	closed bool
 }
 
 func (rows *poolRows) Close() {
+	if rows.closed {
+		return
+	}
+	rows.closed = true
 	rows.r.Close()
+	if err := rows.r.Err(); err != nil {
+		rows.l.p.blameLockTimeout(rows.l, err)
+	}
 	rows.l.release()
 }
 
-func (rows *poolRows) Err() error                    { return rows.r.Err() }
+func (rows *poolRows) Err() error                    { return rows.l.wrap(rows.r.Err()) }
 func (rows *poolRows) CommandTag() pgconn.CommandTag { return rows.r.CommandTag() }
 func (rows *poolRows) FieldDescriptions() []pgconn.FieldDescription {
 	return rows.r.FieldDescriptions()

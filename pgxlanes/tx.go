@@ -89,12 +89,16 @@ func (tx *poolTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 func (tx *poolTx) Conn() *pgx.Conn { return tx.t.Conn() }
 
 // exec, query and queryRow run a statement of a transaction or held connection, failing fast
-// and translating errors once the guard acted on its lease.
+// and translating errors once the guard acted on its lease. A lock timeout is blamed on its
+// likely holders, as for the pool's own statements.
 func exec(l *lease, f func(context.Context, string, ...any) (pgconn.CommandTag, error), ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
 	if err := l.over(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	ct, err := f(ctx, sql, args...)
+	if err != nil {
+		l.p.blameLockTimeout(l, err)
+	}
 	return ct, l.wrap(err)
 }
 
@@ -103,7 +107,12 @@ func query(l *lease, f func(context.Context, string, ...any) (pgx.Rows, error), 
 		return errRows{err: err}, err
 	}
 	rows, err := f(ctx, sql, args...)
-	return rows, l.wrap(err)
+	if err != nil {
+		l.p.blameLockTimeout(l, err)
+		err = l.wrap(err)
+		return errRows{err: err}, err
+	}
+	return &budgetRows{Rows: rows, l: l}, nil
 }
 
 func queryRow(l *lease, f func(context.Context, string, ...any) pgx.Row, ctx context.Context, sql string, args []any) pgx.Row {
@@ -113,10 +122,46 @@ func queryRow(l *lease, f func(context.Context, string, ...any) pgx.Row, ctx con
 	return budgetRow{r: f(ctx, sql, args...), l: l}
 }
 
+// budgetRows are the rows of a transaction's or held connection's query; the lease stays with
+// its owner. They blame a lock timeout when they end, and Err translates errors once the guard
+// acted on the lease.
+type budgetRows struct {
+	pgx.Rows
+	l      *lease
+	closed bool
+}
+
+func (r *budgetRows) Next() bool {
+	n := r.Rows.Next()
+	if !n {
+		r.Close() // pgx closes rows when Next returns false; this blames once
+	}
+	return n
+}
+
+func (r *budgetRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	if err := r.Rows.Err(); err != nil {
+		r.l.p.blameLockTimeout(r.l, err)
+	}
+}
+
+func (r *budgetRows) Err() error { return r.l.wrap(r.Rows.Err()) }
+
 // budgetRow translates a row's error once the guard acted on its lease.
 type budgetRow struct {
 	r pgx.Row
 	l *lease
 }
 
-func (r budgetRow) Scan(dest ...any) error { return r.l.wrap(r.r.Scan(dest...)) }
+func (r budgetRow) Scan(dest ...any) error {
+	err := r.r.Scan(dest...)
+	if err != nil {
+		r.l.p.blameLockTimeout(r.l, err)
+	}
+	return r.l.wrap(err)
+}
