@@ -240,6 +240,13 @@ func TestShortBudgetCancels(t *testing.T) {
 		t.Fatalf("rows after %s: %v, want a Short-lane BudgetError wrapping 57014 at about 300ms", took, err)
 	}
 	lanesIdle(t, p, "after the cancelled rows")
+	// And so do a batch's results.
+	b := &pgx.Batch{}
+	b.Queue("select pg_sleep(10)")
+	if err := p.SendBatch(ctx, b).Close(); !errors.As(err, &be) || sqlState(err) != "57014" {
+		t.Fatalf("batch: %v, want a BudgetError wrapping 57014", err)
+	}
+	lanesIdle(t, p, "after the cancelled batch")
 	if n := p.Stat().NewConnsCount(); n != 1 {
 		t.Fatalf("%d connections opened, want the one", n)
 	}
@@ -497,7 +504,7 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 
 // TestLockTimeoutBlamedOnEveryPath: the lock-holder line is written whichever call met the lock
 // timeout: the rows of a pool query (where the error only shows when they are read), a
-// transaction's statement, and a transaction's rows.
+// transaction's statement, rows and row, and a batch.
 func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
 	ctx := context.Background()
 	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=6&lane_short_lock_timeout=100ms&lane_tx_lock_timeout=100ms", nil)
@@ -536,6 +543,11 @@ func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
 			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
 				return tx.QueryRow(ctx, lockSQL).Scan(new(int32))
 			})
+		}},
+		{"batch", func(ctx context.Context) error {
+			b := &pgx.Batch{}
+			b.Queue(lockSQL)
+			return p.SendBatch(ctx, b).Close()
 		}},
 	}
 	for i, path := range paths {

@@ -100,16 +100,49 @@ type poolBatchResults struct {
 	tx *poolTx
 }
 
-func (br *poolBatchResults) Exec() (pgconn.CommandTag, error) { return br.br.Exec() }
-func (br *poolBatchResults) Query() (pgx.Rows, error)         { return br.br.Query() }
-func (br *poolBatchResults) QueryRow() pgx.Row                { return br.br.QueryRow() }
+// lease is the batch's lease, whoever owns it.
+func (br *poolBatchResults) lease() *lease {
+	if br.tx != nil {
+		return br.tx.l
+	}
+	return br.l
+}
+
+// Exec, Query, QueryRow and Close blame a lock timeout and translate errors once the guard acted
+// on the lease, as the pool's own calls do.
+func (br *poolBatchResults) Exec() (pgconn.CommandTag, error) {
+	ct, err := br.br.Exec()
+	return ct, br.fail(err)
+}
+
+func (br *poolBatchResults) Query() (pgx.Rows, error) {
+	rows, err := br.br.Query()
+	if err != nil {
+		err = br.fail(err)
+		return errRows{err: err}, err
+	}
+	return &budgetRows{Rows: rows, l: br.lease()}, nil
+}
+
+func (br *poolBatchResults) QueryRow() pgx.Row {
+	return budgetRow{r: br.br.QueryRow(), l: br.lease()}
+}
 
 func (br *poolBatchResults) Close() error {
 	err := br.br.Close()
 	if br.l != nil {
 		br.l.release()
 	}
-	return err
+	return br.fail(err)
+}
+
+func (br *poolBatchResults) fail(err error) error {
+	if err == nil {
+		return nil
+	}
+	l := br.lease()
+	l.p.blameLockTimeout(l, err)
+	return l.wrap(err)
 }
 
 func (br *poolBatchResults) Tx() pgx.Tx {
