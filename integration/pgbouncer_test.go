@@ -58,6 +58,25 @@ func TestThroughPgBouncerTransactionMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// So does a transaction begun in a batch: behind a transaction pooler a session SET would land
+	// on some other client's server connection, so only the settings pgxlanes queues after the
+	// batch's BEGIN can give it the lane's timeouts.
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	var inBatch string
+	b.Queue("select current_setting('statement_timeout') || '/' || current_setting('lock_timeout')").QueryRow(func(r pgx.Row) error {
+		return r.Scan(&inBatch)
+	})
+	br := p.SendBatch(ctx, b)
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.Tx().Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if inBatch != "7s/3s" {
+		t.Errorf("transaction begun in a batch through PgBouncer: %s, want 7s/3s", inBatch)
+	}
 	for range 5 {
 		if got := setting(p); got != "0/0" {
 			t.Fatalf("plain statement after a transaction: %s, want the server defaults 0/0", got)

@@ -60,6 +60,9 @@ type laneRuntime struct {
 	beginSuffix string
 	// begin is the whole BEGIN for the default TxOptions, to spare an allocation per Begin.
 	begin string
+	// batchSet is beginSuffix as one statement, queued after the BEGIN of a batch that begins a
+	// transaction; "" if there is nothing to set.
+	batchSet string
 }
 
 // callKind says how a call sets its lane's timeouts when they differ from the session defaults.
@@ -118,6 +121,7 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		}
 		lr.beginSuffix = beginSuffix(lc, session, lc.Budget)
 		lr.begin = "begin" + lr.beginSuffix
+		lr.batchSet = batchSettings(lc, session, lc.Budget)
 		p.lanes[l] = lr
 	}
 	res, err := reserve.New(rc)
@@ -177,20 +181,47 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 // budget b: SET LOCAL of the lane's timeouts where they differ from the session defaults, and of
 // the server-side backstops of the budget.
 func beginSuffix(lc, session LaneConfig, b time.Duration) string {
+	s := ""
+	for _, st := range localSettings(lc, session, b) {
+		s += "; set local " + st.name + " = " + st.value
+	}
+	return s
+}
+
+// batchSettings is beginSuffix as one statement, for a batch that begins a transaction: the
+// extended protocol takes one statement per query, and SET takes no parameters, so it calls
+// set_config(name, value, is_local) instead. "" if there is nothing to set.
+func batchSettings(lc, session LaneConfig, b time.Duration) string {
+	s := ""
+	for _, st := range localSettings(lc, session, b) {
+		if s == "" {
+			s = "select "
+		} else {
+			s += ", "
+		}
+		s += "set_config('" + st.name + "', '" + st.value + "', true)"
+	}
+	return s
+}
+
+type setting struct{ name, value string }
+
+// localSettings are the settings a transaction of lane lc with budget b sets for itself.
+func localSettings(lc, session LaneConfig, b time.Duration) []setting {
 	st := lc.StatementTimeout
 	idle := backstop(b, lc.OverBudget)
 	if idle > 0 && (st == 0 || st > idle) {
 		st = idle
 	}
-	s := ""
+	var s []setting
 	if st != session.StatementTimeout {
-		s += "; set local statement_timeout = " + millis(st)
+		s = append(s, setting{"statement_timeout", millis(st)})
 	}
 	if lc.LockTimeout != session.LockTimeout {
-		s += "; set local lock_timeout = " + millis(lc.LockTimeout)
+		s = append(s, setting{"lock_timeout", millis(lc.LockTimeout)})
 	}
 	if idle > 0 {
-		s += "; set local idle_in_transaction_session_timeout = " + millis(idle)
+		s = append(s, setting{"idle_in_transaction_session_timeout", millis(idle)})
 	}
 	return s
 }
@@ -368,23 +399,47 @@ func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 }
 
 // SendBatch sends b on a connection of the Short lane (or the lane ctx names), held until the
-// BatchResults is closed. A batch that begins a transaction with pgx.Batch.BeginTx keeps its
-// connection until that transaction ends, so it goes to the Tx lane unless ctx names a lane;
-// its statements keep the session defaults (Short's timeouts).
+// BatchResults is closed. A batch that begins a transaction (pgx.Batch.BeginTx) keeps its
+// connection until that transaction ends, so it goes to the Tx lane unless ctx names a lane, and
+// gets the lane's timeouts and budget backstops as a Begin does: pgxlanes sends one more query
+// right after the BEGIN, in the same round trip, and hides its result. b itself is not changed.
 func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	def := Short
-	if batchBeginsTx(b) {
-		def = Tx
+	if !batchBeginsTx(b) {
+		l, err := p.acquire(ctx, Short, kindSession)
+		if err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+		return &poolBatchResults{br: l.conn.SendBatch(ctx, b), l: l}
 	}
-	l, err := p.acquire(ctx, def, kindSession)
+	l, err := p.acquire(ctx, Tx, kindTx)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	br := l.conn.SendBatch(ctx, b)
-	if tx := br.Tx(); tx != nil {
-		return &poolBatchResults{br: br, tx: &poolTx{t: tx, l: l}}
+	lr := &p.lanes[l.lane]
+	set := lr.batchSet
+	if l.guard.Budget != lr.cfg.Budget {
+		set = batchSettings(lr.cfg, p.session, l.guard.Budget)
 	}
-	return &poolBatchResults{br: br, l: l}
+	if set != "" {
+		b = withQueryAfterFirst(b, set)
+	}
+	br := &poolBatchResults{br: l.conn.SendBatch(ctx, b), hidden: set != ""}
+	if tx := br.br.Tx(); tx != nil {
+		br.tx = &poolTx{t: tx, l: l}
+	} else {
+		br.l = l // a BEGIN queued by hand: the batch's own business, released at Close
+	}
+	return br
+}
+
+// withQueryAfterFirst returns a copy of b with sql queued second. The copy keeps b's unexported
+// state (the options of Batch.BeginTx) and shares its queued queries and their callbacks.
+func withQueryAfterFirst(b *pgx.Batch, sql string) *pgx.Batch {
+	nb := *b
+	nb.QueuedQueries = make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+1)
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries[0], &pgx.QueuedQuery{SQL: sql})
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries[1:]...)
+	return &nb
 }
 
 // batchBeginsTx reports whether b's first query begins a transaction (pgx.Batch.BeginTx queues

@@ -98,6 +98,23 @@ type poolBatchResults struct {
 	br pgx.BatchResults
 	l  *lease
 	tx *poolTx
+	// hidden: the batch's second query is pgxlanes' own (the transaction's settings, see
+	// SendBatch), and reads counts the caller's reads, so that its result is read and dropped
+	// before the caller's second read.
+	hidden bool
+	reads  int
+}
+
+// next skips the hidden result when the caller's next read would get it.
+func (br *poolBatchResults) next() error {
+	if br.hidden && br.reads == 1 {
+		br.hidden = false
+		if _, err := br.br.Exec(); err != nil {
+			return err
+		}
+	}
+	br.reads++
+	return nil
 }
 
 // lease is the batch's lease, whoever owns it.
@@ -111,12 +128,19 @@ func (br *poolBatchResults) lease() *lease {
 // Exec, Query, QueryRow and Close blame a lock timeout and translate errors once the guard acted
 // on the lease, as the pool's own calls do.
 func (br *poolBatchResults) Exec() (pgconn.CommandTag, error) {
+	if err := br.next(); err != nil {
+		return pgconn.CommandTag{}, br.fail(err)
+	}
 	ct, err := br.br.Exec()
 	return ct, br.fail(err)
 }
 
 func (br *poolBatchResults) Query() (pgx.Rows, error) {
-	rows, err := br.br.Query()
+	err := br.next()
+	var rows pgx.Rows
+	if err == nil {
+		rows, err = br.br.Query()
+	}
 	if err != nil {
 		err = br.fail(err)
 		return errRows{err: err}, err
@@ -125,6 +149,9 @@ func (br *poolBatchResults) Query() (pgx.Rows, error) {
 }
 
 func (br *poolBatchResults) QueryRow() pgx.Row {
+	if err := br.next(); err != nil {
+		return errRow{err: br.fail(err)}
+	}
 	return budgetRow{r: br.br.QueryRow(), l: br.lease()}
 }
 
