@@ -21,6 +21,8 @@ const benchConns = 8
 // benchPool is the tiny interface through which the benchmarks compare pgxlanes with pgxpool.
 type benchPool interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	// acquireRelease takes a connection and gives it back, with no query.
 	acquireRelease(ctx context.Context) error
 	totalConns() int32
@@ -208,5 +210,48 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			p := openWarm(b, impl, dsn, acq)
 			runClients(b, 1, func() error { return acq(p) })
 		})
+	}
+}
+
+// BenchmarkTx is a transaction of one single-row UPDATE from one client, begun with Begin (BEGIN,
+// UPDATE and COMMIT: three round trips) or in a batch with pgx.Batch.BeginTx (BEGIN and UPDATE in
+// one round trip, then COMMIT). pgxlanes runs both on the Tx lane, with the lane's timeouts and
+// backstops set in the BEGIN's round trip: with Begin inside the BEGIN query, in a batch as one
+// more query of the batch.
+func BenchmarkTx(b *testing.B) {
+	dsn := newDB(b, benchConns)
+	ctx := context.Background()
+	var id atomic.Int64
+	update := "update items set v = v + 1 where id = $1"
+	kinds := []struct {
+		name string
+		run  func(p benchPool) error
+	}{
+		{"begin", func(p benchPool) error {
+			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, update, id.Add(1)%benchConns+1)
+				return err
+			})
+		}},
+		{"batch", func(p benchPool) error {
+			bt := &pgx.Batch{}
+			bt.BeginTx(pgx.TxOptions{})
+			bt.Queue(update, id.Add(1)%benchConns+1)
+			br := p.SendBatch(ctx, bt)
+			tx := br.Tx()
+			if err := br.Close(); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx)
+		}},
+	}
+	for _, kind := range kinds {
+		for _, impl := range benchImpls {
+			b.Run("Kind="+kind.name+"/Impl="+impl.name, func(b *testing.B) {
+				p := openWarm(b, impl, dsn, kind.run)
+				runClients(b, 1, func() error { return kind.run(p) })
+			})
+		}
 	}
 }
