@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -293,95 +292,6 @@ func TestTimeoutsDoNotLeakIntoOtherLanes(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestBatchBeginTxGetsLaneSettings: a transaction begun in a batch (pgx.Batch.BeginTx) gets the
-// same timeouts and budget backstops as one from Begin, whichever way its results are read, the
-// settings end with it, and the caller's batch is left as it was.
-func TestBatchBeginTxGetsLaneSettings(t *testing.T) {
-	ctx := context.Background()
-	p := newLanes(t, newDB(t, 1), "pool_max_conns=1&lane_tx_statement_timeout=30s&lane_tx_lock_timeout=7s&lane_tx_budget=20s")
-	const showSQL = "select current_setting('statement_timeout') || '/' || current_setting('lock_timeout') || '/' || current_setting('idle_in_transaction_session_timeout')"
-	inBegin := func(ctx context.Context) string {
-		t.Helper()
-		var got string
-		err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return tx.QueryRow(ctx, showSQL).Scan(&got) })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	outside := func() string {
-		t.Helper()
-		var got string
-		if err := p.QueryRow(ctx, showSQL).Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
-	want := inBegin(ctx)
-	if !strings.HasPrefix(want, "30s/7s/") || strings.HasSuffix(want, "/0") {
-		t.Fatalf("Begin: %s, want 30s/7s and a backstop", want)
-	}
-	wantOutside := outside()
-
-	// Results read one by one: the BEGIN's, then the caller's own, never pgxlanes' settings query.
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	b.Queue(showSQL)
-	b.Queue("update items set v = v + 1 where id = 1")
-	br := p.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		t.Fatalf("BEGIN's result: %v", err)
-	}
-	var got string
-	if err := br.QueryRow().Scan(&got); err != nil || got != want {
-		t.Fatalf("in the batch's transaction: %q %v, want %s as with Begin", got, err, want)
-	}
-	if ct, err := br.Exec(); err != nil || ct.String() != "UPDATE 1" {
-		t.Fatalf("the batch's update: %q %v", ct, err)
-	}
-	if err := br.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := br.Tx().Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if b.Len() != 3 {
-		t.Fatalf("the caller's batch has %d queries after SendBatch, want its 3", b.Len())
-	}
-	if got := outside(); got != wantOutside {
-		t.Fatalf("after the batch's transaction: %s, want %s", got, wantOutside)
-	}
-
-	// Results read by callbacks at Close, with a budget of its own.
-	ctx2 := pgxlanes.WithBudget(ctx, time.Minute)
-	want2 := inBegin(ctx2)
-	if want2 == want {
-		t.Fatalf("WithBudget did not change the backstop: %s", want2)
-	}
-	b = &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	var iso string
-	b.Queue(showSQL).QueryRow(func(r pgx.Row) error { return r.Scan(&got) })
-	b.Queue("show transaction_isolation").QueryRow(func(r pgx.Row) error { return r.Scan(&iso) })
-	br = p.SendBatch(ctx2, b)
-	if err := br.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := br.Tx().Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got != want2 || iso != "repeatable read" {
-		t.Fatalf("batch with callbacks: %s, %s; want %s, repeatable read", got, iso, want2)
-	}
-	var v int
-	if err := p.QueryRow(ctx, "select v from items where id = 1").Scan(&v); err != nil || v != 2 {
-		t.Fatalf("v = %d %v: the batch's update must have committed", v, err)
-	}
-	if n := p.Stat().NewConnsCount(); n != 1 {
-		t.Fatalf("%d connections opened, want the one", n)
 	}
 }
 

@@ -42,7 +42,7 @@ func (c *Conn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := c.l.over(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return c.l.conn.SendBatch(ctx, b)
+	return &poolBatchResults{br: c.l.conn.SendBatch(ctx, b), l: c.l}
 }
 
 func (c *Conn) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {

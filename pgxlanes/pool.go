@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,9 +61,9 @@ type laneRuntime struct {
 	beginSuffix string
 	// begin is the whole BEGIN for the default TxOptions, to spare an allocation per Begin.
 	begin string
-	// batchSet is beginSuffix as one statement, queued after the BEGIN of a batch that begins a
-	// transaction; "" if there is nothing to set.
-	batchSet string
+	// batchSets are beginSuffix's SET LOCALs one by one, queued after the BEGIN of a batch begun
+	// with pgx.Batch.BeginTx, for the lane's own budget.
+	batchSets []string
 }
 
 // callKind says how a call sets its lane's timeouts when they differ from the session defaults.
@@ -121,7 +122,7 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		}
 		lr.beginSuffix = beginSuffix(lc, session, lc.Budget)
 		lr.begin = "begin" + lr.beginSuffix
-		lr.batchSet = batchSettings(lc, session, lc.Budget)
+		lr.batchSets = batchSettings(lc, session, lc.Budget)
 		p.lanes[l] = lr
 	}
 	res, err := reserve.New(rc)
@@ -182,34 +183,57 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 // the server-side backstops of the budget.
 func beginSuffix(lc, session LaneConfig, b time.Duration) string {
 	s := ""
-	for _, st := range localSettings(lc, session, b) {
+	for _, st := range localSettings(lc, session, b, false) {
 		s += "; set local " + st.name + " = " + st.value
 	}
 	return s
 }
 
-// batchSettings is beginSuffix as one statement, for a batch that begins a transaction: the
-// extended protocol takes one statement per query, and SET takes no parameters, so it calls
-// set_config(name, value, is_local) instead. "" if there is nothing to set.
-func batchSettings(lc, session LaneConfig, b time.Duration) string {
-	s := ""
-	for _, st := range localSettings(lc, session, b) {
-		if s == "" {
-			s = "select "
-		} else {
-			s += ", "
-		}
-		s += "set_config('" + st.name + "', '" + st.value + "', true)"
+// batchSettings are beginSuffix's SET LOCALs one by one, for a batch begun with
+// pgx.Batch.BeginTx: the extended protocol takes one statement per query. SET, unlike a SELECT of
+// set_config, takes no snapshot, so a SET TRANSACTION queued after them still works. In the
+// default exec mode pgx prepares and caches each distinct text, so the backstop of a budget set
+// with WithBudget is rounded up to one of ten values per decade (coarseUp): a program that
+// computes its budgets does not fill the connections' statement caches.
+func batchSettings(lc, session LaneConfig, b time.Duration) []string {
+	sets := localSettings(lc, session, b, b != lc.Budget)
+	if len(sets) == 0 {
+		return nil
 	}
-	return s
+	sql := make([]string, len(sets))
+	for i, st := range sets {
+		sql[i] = "set local " + st.name + " = " + st.value
+	}
+	return sql
+}
+
+// coarseUp rounds d up to the next of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 and 8 times a power of ten
+// milliseconds, at most 25 % more, and never past PostgreSQL's largest timeout.
+func coarseUp(d time.Duration) time.Duration {
+	if d >= maxPGTimeout {
+		return maxPGTimeout
+	}
+	steps := [...]time.Duration{10, 12, 15, 20, 25, 30, 40, 50, 60, 80}
+	for scale := time.Millisecond / 10; scale <= maxPGTimeout; scale *= 10 {
+		for _, st := range steps {
+			if v := st * scale; v >= d {
+				return min(v, maxPGTimeout)
+			}
+		}
+	}
+	return maxPGTimeout
 }
 
 type setting struct{ name, value string }
 
-// localSettings are the settings a transaction of lane lc with budget b sets for itself.
-func localSettings(lc, session LaneConfig, b time.Duration) []setting {
+// localSettings are the settings a transaction of lane lc with budget b sets for itself; coarse
+// rounds the budget's backstop up with coarseUp.
+func localSettings(lc, session LaneConfig, b time.Duration, coarse bool) []setting {
 	st := lc.StatementTimeout
 	idle := backstop(b, lc.OverBudget)
+	if coarse && idle > 0 {
+		idle = coarseUp(idle)
+	}
 	if idle > 0 && (st == 0 || st > idle) {
 		st = idle
 	}
@@ -399,57 +423,83 @@ func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 }
 
 // SendBatch sends b on a connection of the Short lane (or the lane ctx names), held until the
-// BatchResults is closed. A batch that begins a transaction (pgx.Batch.BeginTx) keeps its
-// connection until that transaction ends, so it goes to the Tx lane unless ctx names a lane, and
-// gets the lane's timeouts and budget backstops as a Begin does: pgxlanes sends one more query
-// right after the BEGIN, in the same round trip, and hides its result. b itself is not changed.
+// BatchResults is closed. A batch that begins a transaction keeps its connection until that
+// transaction ends, so it goes to the Tx lane unless ctx names a lane:
+//   - begun with pgx.Batch.BeginTx, it gets the lane's timeouts and budget backstops as a Begin
+//     does: pgxlanes queues a SET LOCAL for each right after the BEGIN, in the same round trip,
+//     and BatchResults hides their results. b itself is not changed.
+//   - begun by a "begin" queued by hand, its connection gets the lane's timeouts with SET and
+//     RESET, as a held connection does, since the batch may end the transaction and go on.
 func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if !batchBeginsTx(b) {
-		l, err := p.acquire(ctx, Short, kindSession)
-		if err != nil {
-			return pgx.FailedBatchResults(b, err)
-		}
-		return &poolBatchResults{br: l.conn.SendBatch(ctx, b), l: l}
+	kind := batchKindOf(b)
+	lane, ck := Short, kindSession
+	switch kind {
+	case batchBeginTx:
+		lane, ck = Tx, kindTx
+	case batchHandBegin:
+		lane = Tx
 	}
-	l, err := p.acquire(ctx, Tx, kindTx)
+	l, err := p.acquire(ctx, lane, ck)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	lr := &p.lanes[l.lane]
-	set := lr.batchSet
-	if l.guard.Budget != lr.cfg.Budget {
-		set = batchSettings(lr.cfg, p.session, l.guard.Budget)
+	hidden := 0
+	if kind == batchBeginTx {
+		lr := &p.lanes[l.lane]
+		sets := lr.batchSets
+		if l.guard.Budget != lr.cfg.Budget {
+			sets = batchSettings(lr.cfg, p.session, l.guard.Budget)
+		}
+		if len(sets) > 0 {
+			b = withQueriesAfterFirst(b, sets)
+			hidden = len(sets)
+		}
 	}
-	if set != "" {
-		b = withQueryAfterFirst(b, set)
-	}
-	br := &poolBatchResults{br: l.conn.SendBatch(ctx, b), hidden: set != ""}
+	br := &poolBatchResults{br: l.conn.SendBatch(ctx, b), l: l, hidden: hidden}
 	if tx := br.br.Tx(); tx != nil {
 		br.tx = &poolTx{t: tx, l: l}
 	} else {
-		br.l = l // a BEGIN queued by hand: the batch's own business, released at Close
+		br.release = true
 	}
 	return br
 }
 
-// withQueryAfterFirst returns a copy of b with sql queued second. The copy keeps b's unexported
-// state (the options of Batch.BeginTx) and shares its queued queries and their callbacks.
-func withQueryAfterFirst(b *pgx.Batch, sql string) *pgx.Batch {
+// withQueriesAfterFirst returns a copy of b with sqls queued after its first query. The copy
+// keeps b's unexported state (the options of Batch.BeginTx) and shares its queued queries and
+// their callbacks; the new queries are new each time, since pgx writes into a queued query as it
+// sends it.
+func withQueriesAfterFirst(b *pgx.Batch, sqls []string) *pgx.Batch {
 	nb := *b
-	nb.QueuedQueries = make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+1)
-	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries[0], &pgx.QueuedQuery{SQL: sql})
+	nb.QueuedQueries = make([]*pgx.QueuedQuery, 0, len(b.QueuedQueries)+len(sqls))
+	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries[0])
+	for _, sql := range sqls {
+		nb.QueuedQueries = append(nb.QueuedQueries, &pgx.QueuedQuery{SQL: sql})
+	}
 	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries[1:]...)
 	return &nb
 }
 
-// batchBeginsTx reports whether b's first query begins a transaction (pgx.Batch.BeginTx queues
-// one); such a batch holds its connection for as long as the transaction lasts.
-func batchBeginsTx(b *pgx.Batch) bool {
+type batchKind uint8
+
+const (
+	batchPlain     batchKind = iota
+	batchBeginTx             // pgx.Batch.BeginTx, whatever its BeginQuery
+	batchHandBegin           // a first query that starts with BEGIN
+)
+
+func batchKindOf(b *pgx.Batch) batchKind {
 	if b == nil || len(b.QueuedQueries) == 0 {
-		return false
+		return batchPlain
 	}
-	s := b.QueuedQueries[0].SQL
-	return len(s) >= 5 && (s[:5] == "begin" || s[:5] == "BEGIN")
+	// pgx keeps BeginTx's options unexported; FailedBatchResults tells whether they are set.
+	if pgx.FailedBatchResults(b, nil).Tx() != nil {
+		return batchBeginTx
+	}
+	s := strings.TrimLeft(b.QueuedQueries[0].SQL, " \t\r\n")
+	if len(s) >= 5 && strings.EqualFold(s[:5], "begin") {
+		return batchHandBegin
+	}
+	return batchPlain
 }
 
 // Begin starts a transaction on a connection of the Tx lane (or the lane ctx names). The

@@ -92,72 +92,59 @@ func (row *poolRow) Scan(dest ...any) error {
 	return row.l.wrap(err)
 }
 
-// poolBatchResults holds its lease until Close; when the batch began a transaction, the
-// transaction owns the lease instead and releases it on Commit or Rollback.
+// poolBatchResults are the results of a batch sent on a lease: by the pool, by a transaction or
+// on a held connection. A pool batch releases its lease at Close, unless it began a transaction,
+// which then owns the lease and releases it on Commit or Rollback.
 type poolBatchResults struct {
-	br pgx.BatchResults
-	l  *lease
-	tx *poolTx
-	// hidden: the batch's second query is pgxlanes' own (the transaction's settings, see
-	// SendBatch), and reads counts the caller's reads, so that its result is read and dropped
-	// before the caller's second read.
-	hidden bool
+	br      pgx.BatchResults
+	l       *lease
+	release bool    // Close releases l
+	tx      *poolTx // the pool batch's transaction, or nil
+	// hidden is the number of pgxlanes' own queries (the transaction's settings, see SendBatch)
+	// queued after the first one, and reads counts the caller's reads, so that their results are
+	// read and dropped before the caller's second read.
+	hidden int
 	reads  int
 }
 
-// next skips the hidden result when the caller's next read would get it.
-func (br *poolBatchResults) next() error {
-	if br.hidden && br.reads == 1 {
-		br.hidden = false
-		if _, err := br.br.Exec(); err != nil {
-			return err
+// next skips the hidden results when the caller's next read would get them. Their errors are
+// dropped: pgx gives the caller's own read the batch's error, and that read must be made anyway,
+// since in some exec modes each failed read still takes its query's turn.
+func (br *poolBatchResults) next() {
+	if br.reads == 1 {
+		for ; br.hidden > 0; br.hidden-- {
+			_, _ = br.br.Exec()
 		}
 	}
 	br.reads++
-	return nil
-}
-
-// lease is the batch's lease, whoever owns it.
-func (br *poolBatchResults) lease() *lease {
-	if br.tx != nil {
-		return br.tx.l
-	}
-	return br.l
 }
 
 // Exec, Query, QueryRow and Close blame a lock timeout and translate errors once the guard acted
 // on the lease, as the pool's own calls do.
 func (br *poolBatchResults) Exec() (pgconn.CommandTag, error) {
-	if err := br.next(); err != nil {
-		return pgconn.CommandTag{}, br.fail(err)
-	}
+	br.next()
 	ct, err := br.br.Exec()
 	return ct, br.fail(err)
 }
 
 func (br *poolBatchResults) Query() (pgx.Rows, error) {
-	err := br.next()
-	var rows pgx.Rows
-	if err == nil {
-		rows, err = br.br.Query()
-	}
+	br.next()
+	rows, err := br.br.Query()
 	if err != nil {
 		err = br.fail(err)
 		return errRows{err: err}, err
 	}
-	return &budgetRows{Rows: rows, l: br.lease()}, nil
+	return &budgetRows{Rows: rows, l: br.l}, nil
 }
 
 func (br *poolBatchResults) QueryRow() pgx.Row {
-	if err := br.next(); err != nil {
-		return errRow{err: br.fail(err)}
-	}
-	return budgetRow{r: br.br.QueryRow(), l: br.lease()}
+	br.next()
+	return budgetRow{r: br.br.QueryRow(), l: br.l}
 }
 
 func (br *poolBatchResults) Close() error {
 	err := br.br.Close()
-	if br.l != nil {
+	if br.release {
 		br.l.release()
 	}
 	return br.fail(err)
@@ -167,14 +154,13 @@ func (br *poolBatchResults) fail(err error) error {
 	if err == nil {
 		return nil
 	}
-	l := br.lease()
-	l.p.blameLockTimeout(l, err)
-	return l.wrap(err)
+	br.l.p.blameLockTimeout(br.l, err)
+	return br.l.wrap(err)
 }
 
 func (br *poolBatchResults) Tx() pgx.Tx {
 	if br.tx == nil {
-		return nil
+		return br.br.Tx() // a held connection's batch: the connection's owner holds the lease
 	}
 	return br.tx
 }

@@ -61,7 +61,7 @@ func (tx *poolTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults 
 	if err := tx.l.over(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return tx.t.SendBatch(ctx, b)
+	return &poolBatchResults{br: tx.t.SendBatch(ctx, b), l: tx.l}
 }
 
 func (tx *poolTx) LargeObjects() pgx.LargeObjects { return tx.t.LargeObjects() }
