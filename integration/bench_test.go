@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -254,4 +255,69 @@ func BenchmarkTx(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkTxPaired is BenchmarkTx/Kind=begin with three pools interleaved, one transaction each
+// in turn, so that the machine's drift hits them alike: on a shared 2-core VM the spread between
+// separate runs (±20-30 %) hides a difference of a few percent. The pools are pgxpool, pgxpool
+// whose BEGIN carries the same SET LOCALs as pgxlanes' Tx lane (what the server's share costs),
+// and pgxlanes. It reports each one's median and the ratios of the medians; ns/op is the mean of
+// the three.
+func BenchmarkTxPaired(b *testing.B) {
+	dsn := newDB(b, benchConns)
+	ctx := context.Background()
+	lanes := openLanes(pgxlanes.Tx)(b, dsn)
+	setLocal := "begin; set local statement_timeout = 30000; set local lock_timeout = 10000; set local idle_in_transaction_session_timeout = 63000"
+	var begins []func() (pgx.Tx, error)
+	pp := openPgxpool(b, dsn).(pgxpoolBench)
+	ps := openPgxpool(b, dsn).(pgxpoolBench)
+	for _, p := range []benchPool{pp, ps, lanes} {
+		b.Cleanup(p.Close)
+	}
+	begins = append(begins,
+		func() (pgx.Tx, error) { return pp.Begin(ctx) },
+		func() (pgx.Tx, error) { return ps.BeginTx(ctx, pgx.TxOptions{BeginQuery: setLocal}) },
+		func() (pgx.Tx, error) { return lanes.Begin(ctx) })
+	update := "update items set v = v + 1 where id = $1"
+	run := func(k, i int) error {
+		tx, err := begins[k]()
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, update, i%benchConns+1); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	for i := range 300 { // warm all three: connections open, statements prepared
+		if err := run(i%3, i); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var took [3][]time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		k := i % 3
+		start := time.Now()
+		if err := run(k, i); err != nil {
+			b.Fatal(err)
+		}
+		took[k] = append(took[k], time.Since(start))
+	}
+	b.StopTimer()
+	if len(took[2]) == 0 {
+		return
+	}
+	var p50 [3]float64
+	for k := range took {
+		slices.Sort(took[k])
+		p50[k] = float64(took[k][len(took[k])/2])
+	}
+	b.ReportMetric(p50[0]/1e3, "pgxpool-p50-µs")
+	b.ReportMetric(p50[2]/1e3, "lanes-p50-µs")
+	b.ReportMetric(p50[1]/p50[0], "setlocal/pgxpool-p50")
+	b.ReportMetric(p50[2]/p50[0], "lanes/pgxpool-p50")
+	b.ReportMetric(p50[2]/p50[1], "lanes/setlocal-p50")
 }
