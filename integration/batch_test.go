@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -346,52 +345,6 @@ func TestBatchBudgetsDoNotFillStatementCache(t *testing.T) {
 	// settings: budgets of 60-99 s have backstops of 126-208 s.
 	if n > 8 {
 		t.Errorf("%d prepared statements on the connection after 40 batches with distinct budgets, want at most 8", n)
-	}
-}
-
-// TestBatchOfTxAndHeldConnBlamed: a lock timeout in a batch sent by a transaction or on a held
-// connection writes the lock-holder line too.
-func TestBatchOfTxAndHeldConnBlamed(t *testing.T) {
-	ctx := context.Background()
-	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=6&lane_tx_lock_timeout=100ms", nil)
-	holder, err := p.Begin(pgxlanes.WithTag(ctx, "checkout"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, "select v from items where id = 1 for update"); err != nil {
-		t.Fatal(err)
-	}
-	lockBatch := func() *pgx.Batch {
-		b := &pgx.Batch{}
-		b.Queue("select v from items where id = 1 for update")
-		return b
-	}
-	for i, path := range []struct {
-		tag string
-		run func(ctx context.Context) error
-	}{
-		{"tx-batch", func(ctx context.Context) error {
-			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return tx.SendBatch(ctx, lockBatch()).Close() })
-		}},
-		{"conn-batch", func(ctx context.Context) error {
-			return p.AcquireFunc(ctx, func(c *pgxlanes.Conn) error { return c.SendBatch(ctx, lockBatch()).Close() })
-		}},
-	} {
-		if i > 0 {
-			time.Sleep(1100 * time.Millisecond) // the lookup is rate-limited to one a second
-		}
-		if err := path.run(pgxlanes.WithTag(ctx, path.tag)); sqlState(err) != "55P03" {
-			t.Fatalf("%s: %v, want a lock timeout", path.tag, err)
-		}
-		harness.Eventually(t, 5*time.Second, path.tag+": a lock-holder line", func() bool {
-			for _, r := range logs.records(t) {
-				if r["msg"] == "pgxlanes: lock timeout; likely holders" && r["tag"] == path.tag {
-					return true
-				}
-			}
-			return false
-		})
 	}
 }
 

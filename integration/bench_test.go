@@ -268,16 +268,16 @@ func BenchmarkTxPaired(b *testing.B) {
 	ctx := context.Background()
 	lanes := openLanes(pgxlanes.Tx)(b, dsn)
 	setLocal := "begin; set local statement_timeout = 30000; set local lock_timeout = 10000; set local idle_in_transaction_session_timeout = 63000"
-	var begins []func() (pgx.Tx, error)
 	pp := openPgxpool(b, dsn).(pgxpoolBench)
 	ps := openPgxpool(b, dsn).(pgxpoolBench)
 	for _, p := range []benchPool{pp, ps, lanes} {
 		b.Cleanup(p.Close)
 	}
-	begins = append(begins,
+	begins := []func() (pgx.Tx, error){
 		func() (pgx.Tx, error) { return pp.Begin(ctx) },
 		func() (pgx.Tx, error) { return ps.BeginTx(ctx, pgx.TxOptions{BeginQuery: setLocal}) },
-		func() (pgx.Tx, error) { return lanes.Begin(ctx) })
+		func() (pgx.Tx, error) { return lanes.Begin(ctx) },
+	}
 	update := "update items set v = v + 1 where id = $1"
 	run := func(k, i int) error {
 		tx, err := begins[k]()

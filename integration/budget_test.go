@@ -504,7 +504,8 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 
 // TestLockTimeoutBlamedOnEveryPath: the lock-holder line is written whichever call met the lock
 // timeout: the rows of a pool query (where the error only shows when they are read), a
-// transaction's statement, rows and row, and a batch.
+// transaction's statement, rows and row, and a batch sent by the pool, a transaction or on a held
+// connection.
 func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
 	ctx := context.Background()
 	p, logs := newGuardedPool(t, newDB(t, 10), "pool_max_conns=6&lane_short_lock_timeout=100ms&lane_tx_lock_timeout=100ms", nil)
@@ -517,6 +518,11 @@ func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	const lockSQL = "select v from items where id = 1 for update"
+	lockBatch := func() *pgx.Batch {
+		b := &pgx.Batch{}
+		b.Queue(lockSQL)
+		return b
+	}
 	paths := []struct {
 		tag string
 		run func(ctx context.Context) error
@@ -545,9 +551,13 @@ func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
 			})
 		}},
 		{"batch", func(ctx context.Context) error {
-			b := &pgx.Batch{}
-			b.Queue(lockSQL)
-			return p.SendBatch(ctx, b).Close()
+			return p.SendBatch(ctx, lockBatch()).Close()
+		}},
+		{"tx-batch", func(ctx context.Context) error {
+			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { return tx.SendBatch(ctx, lockBatch()).Close() })
+		}},
+		{"conn-batch", func(ctx context.Context) error {
+			return p.AcquireFunc(ctx, func(c *pgxlanes.Conn) error { return c.SendBatch(ctx, lockBatch()).Close() })
 		}},
 	}
 	for i, path := range paths {

@@ -50,8 +50,8 @@ type lease struct {
 	reset string // SQL restoring the session before release; "" if nothing to restore
 
 	// The wrapper handed to the caller lives inside the lease, to spare an allocation per call.
-	rows poolRows
-	row  poolRow
+	rows leaseRows
+	row  leaseRow
 	tx   poolTx
 	held Conn
 

@@ -183,8 +183,8 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 // the server-side backstops of the budget.
 func beginSuffix(lc, session LaneConfig, b time.Duration) string {
 	s := ""
-	for _, st := range localSettings(lc, session, b, false) {
-		s += "; set local " + st.name + " = " + st.value
+	for _, q := range setLocals(lc, session, b, false) {
+		s += "; " + q
 	}
 	return s
 }
@@ -196,15 +196,7 @@ func beginSuffix(lc, session LaneConfig, b time.Duration) string {
 // with WithBudget is rounded up to one of ten values per decade (coarseUp): a program that
 // computes its budgets does not fill the connections' statement caches.
 func batchSettings(lc, session LaneConfig, b time.Duration) []string {
-	sets := localSettings(lc, session, b, b != lc.Budget)
-	if len(sets) == 0 {
-		return nil
-	}
-	sql := make([]string, len(sets))
-	for i, st := range sets {
-		sql[i] = "set local " + st.name + " = " + st.value
-	}
-	return sql
+	return setLocals(lc, session, b, b != lc.Budget)
 }
 
 // coarseUp rounds d up to the next of 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 and 8 times a power of ten
@@ -224,11 +216,9 @@ func coarseUp(d time.Duration) time.Duration {
 	return maxPGTimeout
 }
 
-type setting struct{ name, value string }
-
-// localSettings are the settings a transaction of lane lc with budget b sets for itself; coarse
+// setLocals are the SET LOCAL statements of a transaction of lane lc with budget b; coarse
 // rounds the budget's backstop up with coarseUp.
-func localSettings(lc, session LaneConfig, b time.Duration, coarse bool) []setting {
+func setLocals(lc, session LaneConfig, b time.Duration, coarse bool) []string {
 	st := lc.StatementTimeout
 	idle := backstop(b, lc.OverBudget)
 	if coarse && idle > 0 {
@@ -237,15 +227,15 @@ func localSettings(lc, session LaneConfig, b time.Duration, coarse bool) []setti
 	if idle > 0 && (st == 0 || st > idle) {
 		st = idle
 	}
-	var s []setting
+	var s []string
 	if st != session.StatementTimeout {
-		s = append(s, setting{"statement_timeout", millis(st)})
+		s = append(s, "set local statement_timeout = "+millis(st))
 	}
 	if lc.LockTimeout != session.LockTimeout {
-		s = append(s, setting{"lock_timeout", millis(lc.LockTimeout)})
+		s = append(s, "set local lock_timeout = "+millis(lc.LockTimeout))
 	}
 	if idle > 0 {
-		s = append(s, setting{"idle_in_transaction_session_timeout", millis(idle)})
+		s = append(s, "set local idle_in_transaction_session_timeout = "+millis(idle))
 	}
 	return s
 }
@@ -407,7 +397,7 @@ func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 		err = l.wrap(err)
 		return errRows{err: err}, err
 	}
-	l.rows = poolRows{r: rows, l: l}
+	l.rows = leaseRows{Rows: rows, l: l, release: true}
 	return &l.rows, nil
 }
 
@@ -418,7 +408,7 @@ func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err != nil {
 		return errRow{err: err}
 	}
-	l.row = poolRow{r: l.conn.QueryRow(ctx, sql, args...), l: l}
+	l.row = leaseRow{r: l.conn.QueryRow(ctx, sql, args...), l: l, release: true}
 	return &l.row
 }
 

@@ -23,68 +23,71 @@ type errRow struct{ err error }
 
 func (e errRow) Scan(dest ...any) error { return e.err }
 
-// poolRows holds its lease until Close, or until Next returns false, or Scan or Values fail.
-// Rows report most server errors (a lock timeout, a cancel) only when read to the end, so Close
-// looks for a lock timeout to blame, and Err translates errors once the guard acted on the lease.
-type poolRows struct {
-	r      pgx.Rows
-	l      *lease
-	closed bool
+// leaseRows are the rows of a query on a lease. Rows report most server errors (a lock timeout,
+// a cancel) only when read to the end, so Close looks for a lock timeout to blame, and Err
+// translates errors once the guard acted on the lease. The rows of a pool query (release) also
+// hold their lease until they end: at Close, when Next returns false, or when Scan or Values
+// fail. Those of a transaction, held connection or batch leave it to its owner.
+type leaseRows struct {
+	pgx.Rows
+	l       *lease
+	release bool
+	closed  bool
 }
 
-func (rows *poolRows) Close() {
-	if rows.closed {
+func (r *leaseRows) Close() {
+	if r.closed {
 		return
 	}
-	rows.closed = true
-	rows.r.Close()
-	if err := rows.r.Err(); err != nil {
-		rows.l.p.blameLockTimeout(rows.l, err)
+	r.closed = true
+	r.Rows.Close()
+	if err := r.Rows.Err(); err != nil {
+		r.l.p.blameLockTimeout(r.l, err)
 	}
-	rows.l.release()
+	if r.release {
+		r.l.release()
+	}
 }
 
-func (rows *poolRows) Err() error                    { return rows.l.wrap(rows.r.Err()) }
-func (rows *poolRows) CommandTag() pgconn.CommandTag { return rows.r.CommandTag() }
-func (rows *poolRows) FieldDescriptions() []pgconn.FieldDescription {
-	return rows.r.FieldDescriptions()
-}
-func (rows *poolRows) RawValues() [][]byte  { return rows.r.RawValues() }
-func (rows *poolRows) Conn() *pgx.Conn      { return rows.r.Conn() }
-func (rows *poolRows) TypeMap() *pgtype.Map { return rows.r.TypeMap() }
+func (r *leaseRows) Err() error { return r.l.wrap(r.Rows.Err()) }
 
-func (rows *poolRows) Next() bool {
-	n := rows.r.Next()
+func (r *leaseRows) Next() bool {
+	n := r.Rows.Next()
 	if !n {
-		rows.Close()
+		r.Close() // pgx has closed them already; this blames and releases once
 	}
 	return n
 }
 
-func (rows *poolRows) Scan(dest ...any) error {
-	err := rows.r.Scan(dest...)
+func (r *leaseRows) Scan(dest ...any) error {
+	err := r.Rows.Scan(dest...)
 	if err != nil {
-		rows.Close()
+		r.Close()
 	}
 	return err
 }
 
-func (rows *poolRows) Values() ([]any, error) {
-	values, err := rows.r.Values()
+func (r *leaseRows) Values() ([]any, error) {
+	values, err := r.Rows.Values()
 	if err != nil {
-		rows.Close()
+		r.Close()
 	}
 	return values, err
 }
 
-// poolRow releases its lease when Scan returns, or panics.
-type poolRow struct {
-	r pgx.Row
-	l *lease
+// leaseRow is the row of a QueryRow on a lease: Scan blames a lock timeout and translates errors
+// once the guard acted on the lease. A pool QueryRow's row (release) gives the lease back when
+// Scan returns, or panics.
+type leaseRow struct {
+	r       pgx.Row
+	l       *lease
+	release bool
 }
 
-func (row *poolRow) Scan(dest ...any) error {
-	defer row.l.release()
+func (row *leaseRow) Scan(dest ...any) error {
+	if row.release {
+		defer row.l.release()
+	}
 	err := row.r.Scan(dest...)
 	if err != nil {
 		row.l.p.blameLockTimeout(row.l, err)
@@ -134,12 +137,12 @@ func (br *poolBatchResults) Query() (pgx.Rows, error) {
 		err = br.fail(err)
 		return errRows{err: err}, err
 	}
-	return &budgetRows{Rows: rows, l: br.l}, nil
+	return &leaseRows{Rows: rows, l: br.l}, nil
 }
 
 func (br *poolBatchResults) QueryRow() pgx.Row {
 	br.next()
-	return budgetRow{r: br.br.QueryRow(), l: br.l}
+	return &leaseRow{r: br.br.QueryRow(), l: br.l}
 }
 
 func (br *poolBatchResults) Close() error {

@@ -112,56 +112,12 @@ func query(l *lease, f func(context.Context, string, ...any) (pgx.Rows, error), 
 		err = l.wrap(err)
 		return errRows{err: err}, err
 	}
-	return &budgetRows{Rows: rows, l: l}, nil
+	return &leaseRows{Rows: rows, l: l}, nil
 }
 
 func queryRow(l *lease, f func(context.Context, string, ...any) pgx.Row, ctx context.Context, sql string, args []any) pgx.Row {
 	if err := l.over(); err != nil {
 		return errRow{err: err}
 	}
-	return budgetRow{r: f(ctx, sql, args...), l: l}
-}
-
-// budgetRows are the rows of a transaction's or held connection's query; the lease stays with
-// its owner. They blame a lock timeout when they end, and Err translates errors once the guard
-// acted on the lease.
-type budgetRows struct {
-	pgx.Rows
-	l      *lease
-	closed bool
-}
-
-func (r *budgetRows) Next() bool {
-	n := r.Rows.Next()
-	if !n {
-		r.Close() // pgx closes rows when Next returns false; this blames once
-	}
-	return n
-}
-
-func (r *budgetRows) Close() {
-	if r.closed {
-		return
-	}
-	r.closed = true
-	r.Rows.Close()
-	if err := r.Rows.Err(); err != nil {
-		r.l.p.blameLockTimeout(r.l, err)
-	}
-}
-
-func (r *budgetRows) Err() error { return r.l.wrap(r.Rows.Err()) }
-
-// budgetRow translates a row's error once the guard acted on its lease.
-type budgetRow struct {
-	r pgx.Row
-	l *lease
-}
-
-func (r budgetRow) Scan(dest ...any) error {
-	err := r.r.Scan(dest...)
-	if err != nil {
-		r.l.p.blameLockTimeout(r.l, err)
-	}
-	return r.l.wrap(err)
+	return &leaseRow{r: f(ctx, sql, args...), l: l}
 }
