@@ -58,8 +58,8 @@ func TestLadders(t *testing.T) {
 				if g.Watched() != 0 {
 					t.Fatalf("%d leases still watched after the ladder", g.Watched())
 				}
-				if l.LastStep() != tc.want[len(tc.want)-1].elapsed {
-					t.Fatalf("LastStep %v", l.LastStep())
+				if LastStep(l.Budget, l.Action) != tc.want[len(tc.want)-1].elapsed {
+					t.Fatalf("LastStep %v", LastStep(l.Budget, l.Action))
 				}
 			})
 		})
@@ -201,11 +201,44 @@ func BenchmarkWatchUnwatch(b *testing.B) {
 func TestHugeBudgetSaturates(t *testing.T) {
 	for _, a := range []Action{Flag, Cancel, Terminate} {
 		l := &Lease{Budget: 1<<63 - 1, Action: a, Start: time.Now()}
-		if got := l.LastStep(); got <= 0 {
+		if got := LastStep(l.Budget, l.Action); got <= 0 {
 			t.Fatalf("%v: LastStep of the largest budget overflowed to %v", a, got)
 		}
-		if at := l.due(l.LastStep()); at.Before(l.Start) {
+		if at := l.due(LastStep(l.Budget, l.Action)); at.Before(l.Start) {
 			t.Fatalf("%v: due time %v before the start", a, at)
 		}
+	}
+}
+
+// TestMark: a lease's own Mark is due at Start + Mark, in order among the ladder's steps, and a
+// lease with a Mark and no budget is watched for the Mark alone.
+func TestMark(t *testing.T) {
+	tests := []struct {
+		name   string
+		budget time.Duration
+		action Action
+		mark   time.Duration
+		want   []event
+	}{
+		{"mark alone", 0, Cancel, time.Second, []event{{Mark, time.Second}}},
+		{"before the ladder", 10 * time.Second, Cancel, time.Second,
+			[]event{{Mark, time.Second}, {Flag, 5 * time.Second}, {Cancel, 10 * time.Second}, {Terminate, 20 * time.Second}}},
+		{"inside the ladder", 10 * time.Second, Terminate, 7 * time.Second,
+			[]event{{Flag, 5 * time.Second}, {Mark, 7 * time.Second}, {Terminate, 10 * time.Second}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := New()
+				defer g.Close()
+				r := &recorder{}
+				g.Watch(&Lease{Owner: r, Start: time.Now(), Budget: tc.budget, Action: tc.action, Mark: tc.mark})
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if got := r.got(); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+					t.Fatalf("events %v, want %v", got, tc.want)
+				}
+			})
+		})
 	}
 }

@@ -14,6 +14,16 @@ func (p *Pool) checkInvariants() error {
 			perLane[st.lane]++
 		}
 	}
+	if len(p.slots) > p.size {
+		return fmt.Errorf("slot table has %d entries, more than size %d", len(p.slots), p.size)
+	}
+	listed := make(map[int32]bool, len(p.freeSlots))
+	for _, idx := range p.freeSlots {
+		if p.slots[idx].held || listed[idx] {
+			return fmt.Errorf("free list entry %d is held or listed twice", idx)
+		}
+		listed[idx] = true
+	}
 	for i := range p.lanes {
 		l := &p.lanes[i]
 		if l.held < 0 || l.held > l.cap {
@@ -49,8 +59,8 @@ func (p *Pool) checkInvariants() error {
 			return fmt.Errorf("lane %s: a waiter could take a free slot but waits", l.cfg.Name)
 		}
 	}
-	if held+p.free != p.size || len(p.freeSlots) != p.free {
-		return fmt.Errorf("held %d + free %d (free list %d) != size %d", held, p.free, len(p.freeSlots), p.size)
+	if held+p.free != p.size || len(p.slots)-len(p.freeSlots) != held {
+		return fmt.Errorf("held %d + free %d != size %d, or table %d - free list %d != held", held, p.free, p.size, len(p.slots), len(p.freeSlots))
 	}
 	if sharedInUse != p.sharedInUse || sharedInUse > p.shared {
 		return fmt.Errorf("shared in use %d (counter %d), shared %d", sharedInUse, p.sharedInUse, p.shared)
@@ -58,6 +68,23 @@ func (p *Pool) checkInvariants() error {
 	// The headline guarantee: unbounded work never occupies the bounded lanes' reserve.
 	if p.size-unboundedHeld < boundedReserved {
 		return fmt.Errorf("unbounded lanes hold %d of %d slots, leaving less than the bounded reserve %d", unboundedHeld, p.size, boundedReserved)
+	}
+	// Nor the reserve of another unbounded lane: the others hold at most their reserves plus Shared.
+	for i := range p.lanes {
+		l := &p.lanes[i]
+		if l.cfg.Bounded {
+			continue
+		}
+		othersHeld, othersReserved := 0, 0
+		for j := range p.lanes {
+			if o := &p.lanes[j]; j != i && !o.cfg.Bounded {
+				othersHeld += o.held
+				othersReserved += o.cfg.Reserved
+			}
+		}
+		if othersHeld > othersReserved+p.shared {
+			return fmt.Errorf("unbounded lanes other than %s hold %d, into its reserve", l.cfg.Name, othersHeld)
+		}
 	}
 	return nil
 }

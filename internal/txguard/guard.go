@@ -7,8 +7,9 @@
 //	Terminate  flag          terminate    -
 //
 // A flag is a warning with the lease's call site; cancel stops the running statement; terminate
-// ends the server session. The guard only schedules: the lease's Owner carries the actions out.
-// Terminator ends sessions over a connection of its own, outside any pool.
+// ends the server session. A lease may also ask for a Mark at a time of its own (a statement that
+// is still running past a threshold). The guard only schedules: the lease's Owner carries the
+// actions out, and this package knows nothing of connections or of its caller.
 //
 // Cost: Watch and Unwatch are O(log n) under one mutex and allocate nothing; there is no goroutine
 // per lease. The timer is re-armed only when a lease is due earlier than every other, so a stream
@@ -30,6 +31,8 @@ const (
 	Flag Action = iota + 1
 	Cancel
 	Terminate
+	// Mark is the lease's own early notice, due at Start + Lease.Mark; it does not escalate.
+	Mark
 )
 
 func (a Action) String() string {
@@ -40,13 +43,15 @@ func (a Action) String() string {
 		return "cancel"
 	case Terminate:
 		return "terminate"
+	case Mark:
+		return "mark"
 	}
 	return fmt.Sprintf("action(%d)", uint8(a))
 }
 
 // Owner carries out the guard's decisions about one lease. Act runs on the guard's goroutine for
-// Flag and on a goroutine of its own for Cancel and Terminate, so a slow cancel or termination
-// does not delay other leases. Act must cope with a lease that ended in the meantime.
+// Flag and Mark, and on a goroutine of its own for Cancel and Terminate, so a slow cancel or
+// termination does not delay other leases. Act must cope with a lease that ended in the meantime.
 type Owner interface {
 	Act(a Action, elapsed time.Duration)
 }
@@ -57,44 +62,73 @@ type Owner interface {
 type Lease struct {
 	Owner  Owner
 	Start  time.Time
-	Budget time.Duration
-	Action Action
+	Budget time.Duration // 0 or less: no budget ladder
+	Action Action        // the ladder: Flag, Cancel or Terminate
+	Mark   time.Duration // > 0: a Mark is due at Start + Mark
 
 	// Guarded by Guard.mu.
 	index int       // position in the heap, -1 when not watched
-	step  int       // next step of the ladder
+	steps [4]step   // the steps still to come, in order; kept here so Watch allocates nothing
+	n     int       // number of steps
+	next  int       // next step
 	at    time.Time // when the next step is due
 	guard *Guard
 }
 
-// ladder returns the lease's steps: what to do, at which multiple of half the budget.
-func (l *Lease) ladder() []step {
-	switch l.Action {
+type step struct {
+	action Action
+	after  time.Duration // due at Start + after
+}
+
+// rung is a step of a ladder: what to do at which multiple of half the budget.
+type rung struct {
+	action Action
+	halves int
+}
+
+var (
+	flagLadder      = []rung{{Flag, 2}}
+	cancelLadder    = []rung{{Flag, 1}, {Cancel, 2}, {Terminate, 4}}
+	terminateLadder = []rung{{Flag, 1}, {Terminate, 2}}
+)
+
+// ladder returns the ladder of action a; anything but Cancel and Terminate only flags.
+func ladder(a Action) []rung {
+	switch a {
 	case Cancel:
 		return cancelLadder
 	case Terminate:
 		return terminateLadder
-	default:
-		return flagLadder
+	}
+	return flagLadder
+}
+
+// plan fills l.steps from Budget, Action and Mark.
+func (l *Lease) plan() {
+	l.n, l.next = 0, 0
+	if l.Budget > 0 {
+		for _, s := range ladder(l.Action) {
+			l.steps[l.n] = step{s.action, stepAfter(l.Budget, s.halves)}
+			l.n++
+		}
+	}
+	if l.Mark > 0 {
+		i := 0
+		for i < l.n && l.steps[i].after <= l.Mark {
+			i++
+		}
+		copy(l.steps[i+1:l.n+1], l.steps[i:l.n])
+		l.steps[i] = step{Mark, l.Mark}
+		l.n++
 	}
 }
 
-type step struct {
-	action Action
-	halves int // due at Start + halves × Budget/2
-}
-
-var (
-	flagLadder      = []step{{Flag, 2}}
-	cancelLadder    = []step{{Flag, 1}, {Cancel, 2}, {Terminate, 4}}
-	terminateLadder = []step{{Flag, 1}, {Terminate, 2}}
-)
-
-// LastStep returns how long after Start the ladder's last step is due: the latest time the guard
-// may act. Server-side backstops are set just beyond it.
-func (l *Lease) LastStep() time.Duration {
-	s := l.ladder()
-	return stepAfter(l.Budget, s[len(s)-1].halves)
+// LastStep returns how long after the start of a lease with budget b and action a the ladder's
+// last step is due: the latest time the guard may act. Server-side backstops are set just
+// beyond it.
+func LastStep(b time.Duration, a Action) time.Duration {
+	r := ladder(a)
+	return stepAfter(b, r[len(r)-1].halves)
 }
 
 // stepAfter is halves × budget/2, saturating instead of overflowing for huge budgets.
@@ -140,10 +174,11 @@ func New() *Guard {
 	return g
 }
 
-// Watch starts watching l. A lease with no budget is not watched. Watching a lease twice without
-// Unwatch panics: it is a bug in the owner.
+// Watch starts watching l. A lease with no budget and no mark is not watched. Watching a lease
+// twice without Unwatch panics: it is a bug in the owner.
 func (g *Guard) Watch(l *Lease) {
-	if l.Budget <= 0 || l.Owner == nil {
+	l.plan()
+	if l.n == 0 || l.Owner == nil {
 		l.index = -1
 		return
 	}
@@ -157,8 +192,7 @@ func (g *Guard) Watch(l *Lease) {
 		return
 	}
 	l.guard = g
-	l.step = 0
-	l.at = l.due(stepAfter(l.Budget, l.ladder()[0].halves))
+	l.at = l.due(l.steps[0].after)
 	heap.Push(&g.h, l)
 	if g.timerAt.IsZero() || l.at.Before(g.timerAt) {
 		g.armLocked(l.at)
@@ -225,8 +259,8 @@ func (g *Guard) run() {
 		}
 		batch = g.collect(batch[:0], time.Now())
 		for _, d := range batch {
-			if d.action == Flag {
-				d.owner.Act(Flag, d.elapsed)
+			if d.action == Flag || d.action == Mark {
+				d.owner.Act(d.action, d.elapsed)
 				continue
 			}
 			g.acts.Add(1)
@@ -246,11 +280,10 @@ func (g *Guard) collect(batch []due, now time.Time) []due {
 	g.timerAt = time.Time{}
 	for len(g.h) > 0 && !g.h[0].at.After(now) {
 		l := g.h[0]
-		steps := l.ladder()
-		batch = append(batch, due{l.Owner, steps[l.step].action, now.Sub(l.Start)})
-		l.step++
-		if l.step < len(steps) {
-			l.at = l.due(stepAfter(l.Budget, steps[l.step].halves))
+		batch = append(batch, due{l.Owner, l.steps[l.next].action, now.Sub(l.Start)})
+		l.next++
+		if l.next < l.n {
+			l.at = l.due(l.steps[l.next].after)
 			heap.Fix(&g.h, 0)
 		} else {
 			heap.Pop(&g.h)

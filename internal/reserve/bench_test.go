@@ -122,17 +122,18 @@ func BenchmarkWaiters(b *testing.B) {
 			for range 4 {
 				p.TryAcquire(0)
 			}
+			p.mu.Lock()
 			for range n {
-				p.enqueueLocked(newWaiter(0))
+				p.enqueueLocked(0)
 			}
+			p.mu.Unlock()
 			b.ReportAllocs()
 			for b.Loop() {
-				w := newWaiter(0)
 				p.mu.Lock()
-				p.enqueueLocked(w)
+				w := p.enqueueLocked(0)
+				ready, since := w.ready, w.since
 				p.mu.Unlock()
-				_, _ = p.abandon(w, context.Canceled)
-				w.recycle()
+				_, _ = p.abandon(w, ready, 0, since, context.Canceled)
 			}
 		})
 		b.Run(fmt.Sprintf("Waiters=%d/Op=release-grant", n), func(b *testing.B) {
@@ -141,25 +142,20 @@ func BenchmarkWaiters(b *testing.B) {
 			for range 3 {
 				p.TryAcquire(0)
 			}
-			ws := make([]*waiter, 0, n)
+			readies := make([]chan Slot, 0, n)
+			p.mu.Lock()
 			for range n {
-				w := newWaiter(0)
-				p.enqueueLocked(w)
-				ws = append(ws, w)
+				readies = append(readies, p.enqueueLocked(0).ready)
 			}
+			p.mu.Unlock()
 			b.ReportAllocs()
 			for b.Loop() {
 				p.Release(held)
-				w := ws[0] // granted
-				ws = ws[1:]
-				<-w.ready
-				held = w.slot
-				w.recycle()
-				nw := newWaiter(0)
+				held = <-readies[0] // granted
+				readies = readies[1:]
 				p.mu.Lock()
-				p.enqueueLocked(nw) // keep the queue length at n
+				readies = append(readies, p.enqueueLocked(0).ready) // keep the queue length at n
 				p.mu.Unlock()
-				ws = append(ws, nw)
 			}
 		})
 	}

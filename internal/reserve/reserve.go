@@ -1,0 +1,407 @@
+// Package reserve decides which caller may take one of a fixed number of slots.
+//
+// # The model
+//
+// A Pool has Size slots shared by named lanes. Each lane has
+//
+//   - Reserved: slots that no other lane's unbounded work may ever occupy;
+//   - MaxConns: a cap on the slots the lane holds at once;
+//   - Bounded: whether its holders release within a known time (a short query under a
+//     statement timeout) or not (a transaction, a report);
+//   - MaxWaiters and AcquireTimeout: a bounded wait queue and a bounded wait.
+//
+// The slots that no lane reserves, Shared = Size − Σ Reserved, are shared. A bounded lane can
+// reach every slot; an unbounded one its reserve plus the shared slots (Config.Reachable).
+// Validate holds every rule a configuration must follow.
+//
+// # Admission rule
+//
+// A lane may take a free slot when it is below its cap and
+//
+//   - it is bounded: any free slot, including another lane's idle reserved slots (borrowing);
+//   - it is unbounded and below its own reserve: the slot comes out of its reserve;
+//   - it is unbounded and at or above its reserve: only while the unbounded lanes together hold
+//     fewer than Shared slots beyond their reserves.
+//
+// # The invariant
+//
+// Let U be the slots held by unbounded lanes. The rule keeps
+//
+//	U ≤ Σ Reserved(unbounded lanes) + Shared = Size − Σ Reserved(bounded lanes).
+//
+// Why: split what each unbounded lane holds into the part within its reserve and the part
+// beyond it. The first part is at most the lane's reserve. The second only grows by a take that
+// the third case allows, which needs the sum of these parts over all unbounded lanes to be
+// below Shared; releases only shrink it. So at every instant at least Σ Reserved(bounded lanes)
+// slots are free or held by bounded work, and a bounded (short) caller only ever waits behind
+// bounded work, whose hold time is bounded. By the same count no unbounded lane ever holds a
+// slot of another unbounded lane's reserve. Borrowing is safe because only bounded work borrows:
+// a lane whose reserve was borrowed gets it back within one bounded hold time, and it is served
+// first when it does (see below).
+//
+// # Who gets a released slot
+//
+// A released slot goes, among the lanes whose first waiter may take it, to a lane below its
+// reserve first, then to the waiter that arrived first. Within a lane waiters are served strictly
+// FIFO: a later waiter never overtakes an earlier one of the same lane, so no waiter starves
+// while slots keep being released. The pool is work-conserving: a slot is never left free while a
+// waiter that may take it waits. A new caller never overtakes a waiter of its own lane.
+//
+// # Releasing
+//
+// Acquire returns a Slot value that names the slot and its generation. Release it exactly once.
+// Releasing a Slot that is not held, or releasing it twice, is a bug in the caller and panics, as
+// x/sync/semaphore does on over-release; the generation makes even a late double release of a
+// slot that was since taken by someone else detectable. A caller whose wait ends (ctx, timeout)
+// at the instant it is granted a slot gets only the error: the slot goes back to the pool. Close
+// fails the waiters; slots held stay held until released.
+//
+// # Cost and memory
+//
+// An acquire that does not wait takes one mutex and allocates nothing. A waiting acquire
+// allocates the channel that wakes it and, if the lane has an AcquireTimeout, a timer; its
+// queue node comes from a per-Pool sync.Pool of plain nodes (no channel, no timer), as Vitess
+// keeps one per wait list. No channel or timer outlives its wait, so nothing made inside a
+// testing/synctest bubble is ever touched outside it. Cancelling a wait unlinks it from a doubly
+// linked list, so its cost does not depend on how many others wait; a grant looks at each
+// lane's first waiter. There is no background goroutine.
+//
+// Memory is in proportion to the lanes and to what is in use, not to Size. The table of slot
+// generations grows with the peak number of slots held at once (16 bytes a slot, never past
+// that peak, never shrunk), so New(Config{Size: math.MaxInt32, ...}) allocates a few hundred
+// bytes. A waiting caller costs its node, its channel and its timer while it waits; idle nodes
+// sit in a sync.Pool, which the garbage collector empties.
+package reserve
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Slot is a granted slot. Its zero value is not a slot.
+type Slot struct {
+	idx    int32  // index in Pool.slots
+	gen    uint32 // Pool.slots[idx].gen when granted; never 0
+	lane   int32
+	waited bool
+}
+
+// Waited reports whether the acquire that returned s had to queue.
+func (s Slot) Waited() bool { return s.waited }
+
+// Pool hands out slots to lanes. It is safe for concurrent use.
+type Pool struct {
+	size   int
+	shared int // size − Σ Reserved
+
+	mu sync.Mutex
+	// All fields below are guarded by mu.
+	free        int // size − slots held
+	sharedInUse int // Σ max(0, held − Reserved) over unbounded lanes; never exceeds shared
+	seq         uint64
+	closed      bool
+	lanes       []lane
+	// slots has one entry per slot ever held at once: it grows to the peak number held and
+	// never past size. freeSlots lists the entries not held now. A take reuses the last of
+	// them, or appends a new entry when there is none.
+	slots     []slotState
+	freeSlots []int32
+
+	waiters sync.Pool // of *waiter whose wait is over; Get and Put only under mu
+}
+
+type slotState struct {
+	gen  uint32 // bumped on every grant, so a stale Slot no longer matches
+	lane int32
+	held bool
+}
+
+type lane struct {
+	cfg      LaneConfig
+	cap      int // Config.Reachable
+	held     int
+	waiting  int
+	waitHead *waiter
+	waitTail *waiter
+}
+
+// waiter is the queue node of one waiting caller. It belongs to the pool: it is touched only
+// under Pool.mu, and it goes back to Pool.waiters the moment its wait is over, when it is
+// granted a slot (sent on ready), when the pool closes (ready is closed) or when its caller
+// gives up. The caller keeps only ready, which is made for this one wait. So a caller that
+// finds nothing on ready, under Pool.mu, knows its node is still queued and still its own.
+type waiter struct {
+	ready      chan Slot // buffered: the one send never blocks
+	lane       int
+	seq        uint64 // arrival order across lanes
+	since      time.Time
+	prev, next *waiter
+}
+
+// New validates c (see Validate) and returns a Pool.
+func New(c Config) (*Pool, error) {
+	if err := Validate(c); err != nil {
+		return nil, err
+	}
+	p := &Pool{size: c.Size, shared: c.shared(), free: c.Size, lanes: make([]lane, len(c.Lanes))}
+	for i, lc := range c.Lanes {
+		p.lanes[i] = lane{cfg: lc, cap: c.Reachable(i)}
+	}
+	return p, nil
+}
+
+// Acquire waits for a slot for lane i. It returns when a slot is granted, when the lane's
+// AcquireTimeout runs out (ErrAcquireTimeout), when ctx ends (the error wraps ctx.Err(), so
+// errors.Is(err, context.DeadlineExceeded) holds), at once when the lane's queue is full
+// (ErrLaneFull), or when the pool is closed (ErrClosed). Every error is an *AcquireError.
+// A caller whose ctx is already done never gets a slot. A cancelled or timed-out caller leaves the
+// queue at once; if it was granted a slot at the same instant, the slot is given back.
+func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
+	done := ctx.Done()
+	p.mu.Lock()
+	select {
+	case <-done:
+		err := p.errorLocked(i, 0, ctx.Err())
+		p.mu.Unlock()
+		return Slot{}, err
+	default:
+	}
+	l := &p.lanes[i]
+	if p.closed {
+		err := p.errorLocked(i, 0, ErrClosed)
+		p.mu.Unlock()
+		return Slot{}, err
+	}
+	if l.waitHead == nil && p.mayTakeLocked(i) {
+		s := p.takeLocked(i)
+		p.mu.Unlock()
+		return s, nil
+	}
+	if l.cfg.MaxWaiters > 0 && l.waiting >= l.cfg.MaxWaiters {
+		err := p.errorLocked(i, 0, ErrLaneFull)
+		p.mu.Unlock()
+		return Slot{}, err
+	}
+	w := p.enqueueLocked(i)
+	ready, since := w.ready, w.since
+	timeout := l.cfg.AcquireTimeout
+	p.mu.Unlock()
+
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case s, ok := <-ready:
+		if ok {
+			return s, nil
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return Slot{}, p.errorLocked(i, time.Since(since), ErrClosed)
+	case <-done:
+		return p.abandon(w, ready, i, since, ctx.Err())
+	case <-expired:
+		return p.abandon(w, ready, i, since, ErrAcquireTimeout)
+	}
+}
+
+// TryAcquire takes a slot for lane i if it can do so without waiting.
+func (p *Pool) TryAcquire(i int) (Slot, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.lanes[i].waitHead != nil || !p.mayTakeLocked(i) {
+		return Slot{}, false
+	}
+	return p.takeLocked(i), true
+}
+
+// abandon ends the wait on lane i, begun at since, of a caller that gave up with reason; w and
+// ready are its node and channel. If the caller was granted a slot in the meantime, the slot
+// goes back to the pool: the caller sees only the error.
+func (p *Pool) abandon(w *waiter, ready <-chan Slot, i int, since time.Time, reason error) (Slot, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case s, ok := <-ready:
+		// The wait ended just as the caller gave up, and w went back to p.waiters: it may
+		// already serve another caller, so it is not touched.
+		if !ok {
+			reason = ErrClosed
+		} else {
+			p.releaseLocked(s)
+		}
+	default:
+		// Still queued, and ours. Removing a waiter never makes another waiter eligible
+		// (eligibility depends on the lane and the slots held, not on the queue), so there is
+		// nobody to notify.
+		p.unlinkLocked(w)
+		p.freeLocked(w)
+	}
+	return Slot{}, p.errorLocked(i, time.Since(since), reason)
+}
+
+// Release gives s back. Releasing a slot that is not held, or releasing it twice, panics.
+func (p *Pool) Release(s Slot) {
+	p.mu.Lock()
+	if s.gen == 0 || s.idx < 0 || int(s.idx) >= len(p.slots) {
+		p.mu.Unlock()
+		panic("reserve: Release of a Slot that Acquire did not return")
+	}
+	if st := p.slots[s.idx]; !st.held || st.gen != s.gen {
+		p.mu.Unlock()
+		panic(fmt.Sprintf("reserve: slot %d of lane %q released twice", s.idx, p.lanes[s.lane].cfg.Name))
+	}
+	p.releaseLocked(s)
+	p.mu.Unlock()
+}
+
+// Close wakes every waiter with ErrClosed and makes later Acquires fail. Slots held stay held
+// until released; releasing them after Close is fine.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	p.closed = true
+	for i := range p.lanes {
+		for w := p.lanes[i].waitHead; w != nil; w = p.lanes[i].waitHead {
+			p.unlinkLocked(w)
+			close(w.ready)
+			p.freeLocked(w)
+		}
+	}
+}
+
+// mayTakeLocked reports whether lane i may take a free slot now. Caller must hold p.mu.
+func (p *Pool) mayTakeLocked(i int) bool {
+	l := &p.lanes[i]
+	if p.free == 0 || l.held >= l.cap {
+		return false
+	}
+	if l.cfg.Bounded || l.held < l.cfg.Reserved {
+		return true
+	}
+	return p.sharedInUse < p.shared
+}
+
+// takeLocked gives lane i a free slot. Caller must hold p.mu and have checked mayTakeLocked.
+func (p *Pool) takeLocked(i int) Slot {
+	l := &p.lanes[i]
+	if !l.cfg.Bounded && l.held >= l.cfg.Reserved {
+		p.sharedInUse++
+	}
+	l.held++
+	p.free--
+	var idx int32
+	if n := len(p.freeSlots); n > 0 {
+		idx = p.freeSlots[n-1]
+		p.freeSlots = p.freeSlots[:n-1]
+	} else {
+		// Every entry is held: a new peak. It fits in int32 because Size does.
+		idx = int32(len(p.slots))
+		p.slots = append(p.slots, slotState{})
+	}
+	st := &p.slots[idx]
+	st.gen++
+	if st.gen == 0 { // wrapped: 0 marks the zero Slot
+		st.gen = 1
+	}
+	st.held = true
+	st.lane = int32(i)
+	return Slot{idx: idx, gen: st.gen, lane: int32(i)}
+}
+
+// releaseLocked frees s and hands free slots to eligible waiters. Caller must hold p.mu.
+func (p *Pool) releaseLocked(s Slot) {
+	st := &p.slots[s.idx]
+	st.held = false
+	p.freeSlots = append(p.freeSlots, s.idx)
+	l := &p.lanes[st.lane]
+	if !l.cfg.Bounded && l.held > l.cfg.Reserved {
+		p.sharedInUse--
+	}
+	l.held--
+	p.free++
+	p.grantLocked()
+}
+
+// grantLocked hands free slots to waiters until no waiter may take one. Among lanes whose first
+// waiter may take a slot, a lane below its reserve goes first, then the earliest arrival. A
+// lane's later waiters wait behind its first: letting them jump ahead could starve it. Caller
+// must hold p.mu.
+func (p *Pool) grantLocked() {
+	for p.free > 0 {
+		best := -1
+		var bestBelow bool
+		for i := range p.lanes {
+			l := &p.lanes[i]
+			if l.waitHead == nil || !p.mayTakeLocked(i) {
+				continue
+			}
+			below := l.held < l.cfg.Reserved
+			if best < 0 || below && !bestBelow || below == bestBelow && l.waitHead.seq < p.lanes[best].waitHead.seq {
+				best, bestBelow = i, below
+			}
+		}
+		if best < 0 {
+			return
+		}
+		w := p.lanes[best].waitHead
+		p.unlinkLocked(w)
+		s := p.takeLocked(best)
+		s.waited = true
+		w.ready <- s
+		p.freeLocked(w)
+	}
+}
+
+// enqueueLocked queues a caller at the end of lane i and returns its node, with a new ready
+// channel. Caller must hold p.mu.
+func (p *Pool) enqueueLocked(i int) *waiter {
+	w, _ := p.waiters.Get().(*waiter)
+	if w == nil {
+		w = new(waiter)
+	}
+	p.seq++
+	*w = waiter{ready: make(chan Slot, 1), lane: i, seq: p.seq, since: time.Now()}
+	l := &p.lanes[i]
+	w.prev = l.waitTail
+	if l.waitTail != nil {
+		l.waitTail.next = w
+	} else {
+		l.waitHead = w
+	}
+	l.waitTail = w
+	l.waiting++
+	return w
+}
+
+// freeLocked gives the node of a wait that is over back to p.waiters. Caller must hold p.mu.
+func (p *Pool) freeLocked(w *waiter) {
+	*w = waiter{} // drop the channel: it belongs to that one wait
+	p.waiters.Put(w)
+}
+
+// unlinkLocked removes w from its lane's queue in O(1). Caller must hold p.mu and w must be
+// queued.
+func (p *Pool) unlinkLocked(w *waiter) {
+	l := &p.lanes[w.lane]
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		l.waitHead = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		l.waitTail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	l.waiting--
+}
