@@ -1,0 +1,238 @@
+package wire_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/internal/wire"
+)
+
+func TestMain(m *testing.M) { pgserver.Main(m) }
+
+const resetSQL = "reset statement_timeout; reset lock_timeout"
+
+// connect opens a pgx connection whose socket is a wire.Conn and whose context handler is it.
+func connect(t *testing.T, dsn string, mode pgx.QueryExecMode) (*pgx.Conn, *wire.Conn) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = mode
+	var w *wire.Conn
+	cfg.AfterNetConnect = func(ctx context.Context, _ *pgconn.Config, c net.Conn) (net.Conn, error) {
+		w = wire.New(c, wire.Options{ResetSQL: resetSQL, Grace: 2 * time.Second})
+		return w, nil
+	}
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		wc := pc.Conn().(*wire.Conn)
+		wc.SetCancel(pc.CancelRequest)
+		return wc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c, w
+}
+
+func waitClean(t *testing.T, w *wire.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.Wait(ctx))
+	require.NoError(t, w.Err(), "connection broken after drain")
+}
+
+func pid(t *testing.T, c *pgx.Conn) int32 {
+	t.Helper()
+	var p int32
+	require.NoError(t, c.QueryRow(context.Background(), "select pg_backend_pid()").Scan(&p))
+	return p
+}
+
+func TestDeadlineReturnsAtOnceAndKeepsSession(t *testing.T) {
+	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	before := pid(t, c)
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		start := time.Now()
+		_, err := c.Exec(ctx, "select pg_sleep($1)", mode, 2)
+		took := time.Since(start)
+		cancel()
+		require.Error(t, err, mode)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%v: %v", mode, err)
+		assert.Equal(t, "57014", pgErr.Code)
+		assert.Less(t, took, 500*time.Millisecond, mode)
+		assert.ErrorIs(t, w.Cause(), context.DeadlineExceeded)
+		waitClean(t, w)
+		assert.Equal(t, before, pid(t, c), "same session after %v", mode)
+	}
+}
+
+func TestStagedSettingsCostNoRoundTripAndAreSwallowed(t *testing.T) {
+	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	ctx := context.Background()
+	show := func() (st, lt string) {
+		require.NoError(t, c.QueryRow(ctx, "select current_setting('statement_timeout'), current_setting('lock_timeout')").Scan(&st, &lt))
+		return st, lt
+	}
+	w.Stage("set statement_timeout = 12345; set lock_timeout = 777")
+	st, lt := show()
+	assert.Equal(t, "12345ms", st)
+	assert.Equal(t, "777ms", lt)
+	w.Stage("")
+	st, lt = show()
+	assert.Equal(t, "0", st)
+	assert.Equal(t, "0", lt)
+	// Staging what is applied cancels a staged change.
+	w.Stage("set statement_timeout = 1000; set lock_timeout = 1000")
+	_, _ = show()
+	w.Stage("")
+	w.Stage("set statement_timeout = 1000; set lock_timeout = 1000")
+	st, _ = show()
+	assert.Equal(t, "1s", st)
+	assert.False(t, w.Failed())
+}
+
+func TestAfterBegin(t *testing.T) {
+	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	ctx := context.Background()
+	w.After("set local lock_timeout = 4321")
+	tx, err := c.Begin(ctx)
+	require.NoError(t, err)
+	var lt string
+	require.NoError(t, tx.QueryRow(ctx, "select current_setting('lock_timeout')").Scan(&lt))
+	assert.Equal(t, "4321ms", lt)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, c.QueryRow(ctx, "select current_setting('lock_timeout')").Scan(&lt))
+	assert.Equal(t, "0", lt)
+}
+
+func TestRowsInterruptedMidStream(t *testing.T) {
+	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	const q = "select generate_series(1, $1::int), repeat('x', 200)"
+	rows, err := c.Query(context.Background(), q, 1) // prepared outside any deadline
+	require.NoError(t, err)
+	rows.Close()
+	before := pid(t, c)
+	for range 5 {
+		ctx, cancel := context.WithCancel(context.Background())
+		rows, err := c.Query(ctx, q, 50_000_000)
+		require.NoError(t, err)
+		n := 0
+		for rows.Next() {
+			if n++; n == 1000 {
+				cancel() // in the middle of the stream
+			}
+		}
+		err = rows.Err()
+		cancel()
+		require.ErrorContains(t, err, "57014")
+		assert.GreaterOrEqual(t, n, 1000)
+		assert.ErrorIs(t, w.Cause(), context.Canceled)
+		waitClean(t, w)
+		assert.Equal(t, before, pid(t, c))
+	}
+}
+
+func TestTransactionAbortedThenRolledBack(t *testing.T) {
+	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	bg := context.Background()
+	tx, err := c.Begin(bg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+	_, err = tx.Exec(ctx, "select pg_sleep(2)")
+	cancel()
+	require.Error(t, err)
+	assert.Equal(t, byte('E'), c.PgConn().TxStatus())
+	waitClean(t, w)
+	require.NoError(t, tx.Rollback(bg))
+	assert.Equal(t, byte('I'), c.PgConn().TxStatus())
+	var one int
+	require.NoError(t, c.QueryRow(bg, "select 1").Scan(&one))
+}
+
+func TestBatchInterrupted(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			c, w := connect(t, pgserver.DSN(t), mode)
+			bg := context.Background()
+			// Warm the statement cache so that the interrupted batch prepares nothing.
+			warm := &pgx.Batch{}
+			warm.Queue("select 1")
+			warm.Queue("select pg_sleep($1)", 0)
+			require.NoError(t, c.SendBatch(bg, warm).Close())
+			before := pid(t, c)
+			ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+			b := &pgx.Batch{}
+			b.Queue("select 1")
+			b.Queue("select pg_sleep($1)", 2)
+			err := c.SendBatch(ctx, b).Close()
+			cancel()
+			require.Error(t, err)
+			waitClean(t, w)
+			assert.Equal(t, before, pid(t, c))
+		})
+	}
+}
+
+// A Parse that creates a named statement and is ended early leaves the server's statements
+// unknown to pgx (the next Prepare of the name would fail with 42P05), so the Conn breaks.
+func TestNamedPrepareInterruptedBreaks(t *testing.T) {
+	dsn := pgserver.NewDatabase(t)
+	c, w := connect(t, dsn, pgx.QueryExecModeCacheStatement)
+	bg := context.Background()
+	_, err := c.Exec(bg, "create table locked (id int)")
+	require.NoError(t, err)
+	holder, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer holder.Close(bg)
+	tx, err := holder.Begin(bg)
+	require.NoError(t, err)
+	defer tx.Rollback(bg) //nolint:errcheck
+	_, err = tx.Exec(bg, "lock table locked in access exclusive mode")
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+	_, err = c.Prepare(ctx, "slow", "select * from locked") // parse analysis waits for the lock
+	cancel()
+	require.Error(t, err)
+	ctxw, cancelw := context.WithTimeout(bg, 5*time.Second)
+	defer cancelw()
+	require.NoError(t, w.Wait(ctxw))
+	assert.True(t, w.Broken(), "a named Parse ended early must break the connection")
+}
+
+func TestWaitForNotificationTimesOutAndKeepsSession(t *testing.T) {
+	dsn := pgserver.DSN(t)
+	c, w := connect(t, dsn, pgx.QueryExecModeCacheStatement)
+	bg := context.Background()
+	_, err := c.Exec(bg, "listen pgxlanes_wire")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+	_, err = c.WaitForNotification(ctx)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.False(t, w.Broken())
+	other, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer other.Close(bg)
+	_, err = other.Exec(bg, "notify pgxlanes_wire, 'hello'")
+	require.NoError(t, err)
+	ctx, cancel = context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	n, err := c.WaitForNotification(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", n.Payload)
+}
