@@ -1,4 +1,4 @@
-package harness_test
+package pgserver_test
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/goleak"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 )
 
-func TestMain(m *testing.M) { harness.Main(m) }
+func TestMain(m *testing.M) { pgserver.Main(m) }
 
 func connect(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
@@ -28,9 +28,9 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 }
 
 func TestServerAnswers(t *testing.T) {
-	s := harness.Shared(t)
+	s := pgserver.Shared(t)
 	t.Logf("source %s, version %q", s.Source(), s.Version())
-	conn := connect(t, harness.DSN(t))
+	conn := connect(t, pgserver.DSN(t))
 	var version string
 	if err := conn.QueryRow(context.Background(), "select version()").Scan(&version); err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func TestServerAnswers(t *testing.T) {
 
 func TestCreateDatabaseIsolated(t *testing.T) {
 	ctx := context.Background()
-	dsn1, dsn2 := harness.NewDatabase(t), harness.NewDatabase(t)
+	dsn1, dsn2 := pgserver.NewDatabase(t), pgserver.NewDatabase(t)
 	if dsn1 == dsn2 {
 		t.Fatal("two databases have the same DSN")
 	}
@@ -84,7 +84,7 @@ func TestCreateDatabaseIsolated(t *testing.T) {
 
 func TestDropDatabase(t *testing.T) {
 	ctx := context.Background()
-	s := harness.Shared(t)
+	s := pgserver.Shared(t)
 	dsn, err := s.CreateDatabase(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -106,9 +106,9 @@ func TestDropDatabase(t *testing.T) {
 }
 
 func TestDSNHasPassword(t *testing.T) {
-	s := harness.Shared(t)
-	if s.Source() == harness.SourceEnv {
-		t.Skipf("%s is set: authentication is that server's, not the harness's", harness.EnvDatabase)
+	s := pgserver.Shared(t)
+	if s.Source() == pgserver.SourceEnv {
+		t.Skipf("%s is set: authentication is that server's, not the harness's", pgserver.EnvDatabase)
 	}
 	cfg, err := pgconn.ParseConfig(s.DSN())
 	if err != nil {
@@ -139,8 +139,8 @@ func TestDSNHasPassword(t *testing.T) {
 func TestPgBouncerTransactionMode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	upstream := harness.NewDatabase(t)
-	dsn, stop, err := harness.StartPgBouncer(ctx, upstream, "transaction")
+	upstream := pgserver.NewDatabase(t)
+	dsn, stop, err := pgserver.StartPgBouncer(ctx, upstream, "transaction")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestPgBouncerTransactionMode(t *testing.T) {
 }
 
 func TestStartPgBouncerBadMode(t *testing.T) {
-	_, _, err := harness.StartPgBouncer(context.Background(), "postgres://u:p@127.0.0.1/db", "bogus")
+	_, _, err := pgserver.StartPgBouncer(context.Background(), "postgres://u:p@127.0.0.1/db", "bogus")
 	if err == nil || !strings.HasPrefix(err.Error(), "harness: ") {
 		t.Fatalf("err = %v", err)
 	}
@@ -227,8 +227,8 @@ func TestStartPgBouncerBadMode(t *testing.T) {
 func TestNoGoroutines(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dsn := harness.NewDatabase(t)
-	_, stop, err := harness.StartPgBouncer(ctx, dsn, "session")
+	dsn := pgserver.NewDatabase(t)
+	_, stop, err := pgserver.StartPgBouncer(ctx, dsn, "session")
 	if err != nil {
 		t.Fatal(err)
 	}

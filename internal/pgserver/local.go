@@ -1,4 +1,4 @@
-package harness
+package pgserver
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -70,15 +71,29 @@ func versionOf(dir string) float64 {
 
 var versionRE = regexp.MustCompile(`\(PostgreSQL\) ([0-9][0-9.a-z]*)`)
 
-// localServer is a postmaster started from local binaries.
+// localServer is a postmaster started from local binaries. Restart, StopPostmaster, Freeze and
+// their kin change it (fault.go, freeze.go).
 type localServer struct {
 	dir  string // temporary directory: data/, the socket, the log
-	proc *process
+	run  runAs
+	bins postgresBins
+	opts []string // the postgres arguments from Options
+	port int
+	dsn  string
+
+	mu     sync.Mutex // serializes lifecycle changes, and guards the fields below
+	proc   *process   // the postmaster; nil before the first start and after a stop
+	frozen *frozenSet // the frozen processes; nil unless frozen
+	closed bool
 }
 
 // startLocal runs initdb in a new temporary directory and starts postgres on a free port. On any
 // failure it leaves nothing behind.
-func startLocal(ctx context.Context, bins postgresBins) (s *Server, err error) {
+func startLocal(ctx context.Context, bins postgresBins, o Options) (s *Server, err error) {
+	opts, err := o.args()
+	if err != nil {
+		return nil, err
+	}
 	run, err := currentRunAs()
 	if err != nil {
 		return nil, err
@@ -94,7 +109,7 @@ func startLocal(ctx context.Context, bins postgresBins) (s *Server, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("make temporary directory: %w", err)
 	}
-	ls := &localServer{dir: dir}
+	ls := &localServer{dir: dir, run: run, bins: bins, opts: opts}
 	defer func() {
 		if err != nil {
 			ls.close()
@@ -112,26 +127,30 @@ func startLocal(ctx context.Context, bins postgresBins) (s *Server, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("find a free port: %w", err)
 		}
-		if err := ls.startPostmaster(ctx, run, bins, port); err != nil {
-			return nil, err
-		}
-		dsn := (&url.URL{
+		ls.port = port
+		ls.dsn = (&url.URL{
 			Scheme:   "postgres",
 			User:     url.UserPassword("postgres", password),
 			Host:     fmt.Sprintf("127.0.0.1:%d", port),
 			Path:     "/postgres",
 			RawQuery: "sslmode=disable",
 		}).String()
-		err = waitReady(ctx, dsn, ls.proc.hasExited, readyTimeout)
+		ls.mu.Lock()
+		err = ls.startLocked(ctx, readyPoll)
+		ls.mu.Unlock()
 		if err == nil {
-			return &Server{dsn: dsn, source: SourceLocal, version: version, closeFn: ls.close}, nil
+			s := &Server{dsn: ls.dsn, source: SourceLocal, version: version, local: ls}
+			s.closeFn = func() error {
+				forget(s)
+				return ls.close()
+			}
+			remember(s)
+			return s, nil
 		}
-		tail := ls.proc.logTail()
-		_ = ls.proc.stop(syscall.SIGQUIT, 10*time.Second)
-		if attempt < 3 && strings.Contains(tail, "Address already in use") {
+		if attempt < 3 && errors.Is(err, errPortTaken) {
 			continue
 		}
-		return nil, fmt.Errorf("postgres did not start: %w\npostgres log (%s):\n%s", err, bins.postgres, tail)
+		return nil, err
 	}
 }
 
@@ -165,42 +184,76 @@ func initdb(ctx context.Context, run runAs, bins postgresBins, dir, password str
 	return nil
 }
 
-// startPostmaster starts postgres as a child of this process, so that it dies with it (SIGQUIT
-// makes the postmaster stop at once and take its backends with it).
-func (ls *localServer) startPostmaster(ctx context.Context, run runAs, bins postgresBins, port int) error {
+// errPortTaken is the error of startLocked when another process holds the port.
+var errPortTaken = errors.New("port taken")
+
+// Poll intervals of startLocked: the first start backs off to readyPoll, a restart polls every
+// restartPoll so that the downtime it reports is not inflated by the polling.
+const (
+	readyPoll   = 200 * time.Millisecond
+	restartPoll = 5 * time.Millisecond
+)
+
+// startLocked starts the postmaster on ls.port and waits until it accepts connections, polling
+// at most every poll. On failure the postmaster is stopped and the error carries the end of its
+// log. Caller must hold mu.
+func (ls *localServer) startLocked(ctx context.Context, poll time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	cmd := run.command(syscall.SIGQUIT, bins.postgres,
+	// postgres as a child of this process, so that it dies with it: SIGQUIT makes the postmaster
+	// stop at once and take its backends with it.
+	args := append([]string{
 		"-D", filepath.Join(ls.dir, "data"),
-		"-p", strconv.Itoa(port),
+		"-p", strconv.Itoa(ls.port),
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "unix_socket_directories="+ls.dir,
+		"-c", "unix_socket_directories=" + ls.dir,
 		"-c", "fsync=off",
 		"-c", "synchronous_commit=off",
 		"-c", "full_page_writes=off",
-		"-c", "max_connections=300",
 		"-c", "shared_buffers=128MB",
 		"-c", "logging_collector=off",
 		"-c", "log_min_messages=warning",
-	)
+	}, ls.opts...)
+	cmd := ls.run.command(syscall.SIGQUIT, ls.bins.postgres, args...)
 	cmd.Dir = ls.dir
-	p, err := startProcess(cmd, filepath.Join(ls.dir, "postgres.log"))
+	logPath := filepath.Join(ls.dir, "postgres.log")
+	logStart := fileSize(logPath)
+	p, err := startProcess(cmd, logPath)
 	if err != nil {
-		return fmt.Errorf("start %s: %w", bins.postgres, err)
+		return fmt.Errorf("start %s: %w", ls.bins.postgres, err)
 	}
-	ls.proc = p
-	return nil
+	err = waitReadyEvery(ctx, ls.dsn, p.hasExited, readyTimeout, poll)
+	if err == nil {
+		ls.proc = p
+		return nil
+	}
+	tail := fileTailFrom(logPath, logStart, 20)
+	_ = p.stop(syscall.SIGQUIT, 10*time.Second)
+	if strings.Contains(tail, "Address already in use") {
+		return fmt.Errorf("postgres did not start: %w: %w\npostgres log (%s):\n%s", errPortTaken, err, ls.bins.postgres, tail)
+	}
+	return fmt.Errorf("postgres did not start: %w\npostgres log (%s):\n%s", err, ls.bins.postgres, tail)
 }
 
-// close stops the postmaster and removes the temporary directory.
+// close thaws and stops the postmaster and removes the temporary directory.
 func (ls *localServer) close() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.closed {
+		return nil
+	}
+	ls.closed = true
 	var errs []error
+	if err := ls.thawLocked(); err != nil {
+		errs = append(errs, err)
+	}
 	if ls.proc != nil {
 		// SIGQUIT is an immediate shutdown: no checkpoint, which is right for data thrown away.
 		if err := ls.proc.stop(syscall.SIGQUIT, 10*time.Second); err != nil {
 			errs = append(errs, err)
 		}
+		ls.proc = nil
 	}
 	if err := os.RemoveAll(ls.dir); err != nil {
 		errs = append(errs, err)
@@ -209,4 +262,36 @@ func (ls *localServer) close() error {
 		return fmt.Errorf("harness: close local server: %w", err)
 	}
 	return nil
+}
+
+// openServers holds the local servers not yet closed, for Main.
+var openServers struct {
+	mu      sync.Mutex
+	servers map[*Server]struct{}
+}
+
+func remember(s *Server) {
+	openServers.mu.Lock()
+	defer openServers.mu.Unlock()
+	if openServers.servers == nil {
+		openServers.servers = make(map[*Server]struct{})
+	}
+	openServers.servers[s] = struct{}{}
+}
+
+func forget(s *Server) {
+	openServers.mu.Lock()
+	defer openServers.mu.Unlock()
+	delete(openServers.servers, s)
+}
+
+// openLocal returns the local servers not yet closed.
+func openLocal() []*Server {
+	openServers.mu.Lock()
+	defer openServers.mu.Unlock()
+	servers := make([]*Server, 0, len(openServers.servers))
+	for s := range openServers.servers {
+		servers = append(servers, s)
+	}
+	return servers
 }

@@ -1,4 +1,4 @@
-package harness
+package pgserver
 
 import (
 	"bytes"
@@ -156,6 +156,10 @@ func postmasterPID(dir string) int {
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago. Another process may take it
 // before the server binds it; callers retry on "Address already in use".
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago; whoever binds it should
+// retry if another process took it meanwhile.
+func FreePort() (int, error) { return freePort() }
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -248,15 +252,32 @@ func (p *process) logTail() string {
 }
 
 func fileTail(path string, lines int) string {
+	return fileTailFrom(path, 0, lines)
+}
+
+// fileTailFrom is fileTail of the part of the file after offset.
+func fileTailFrom(path string, offset int64, lines int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
+	}
+	if offset > 0 && offset <= int64(len(b)) {
+		b = b[offset:]
 	}
 	parts := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
 	if len(parts) > lines {
 		parts = parts[len(parts)-lines:]
 	}
 	return string(bytes.Join(parts, []byte("\n")))
+}
+
+// fileSize is the size of the file at path, 0 if it does not exist.
+func fileSize(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // findBinary looks for name on PATH, then in the directories extra.

@@ -1,4 +1,4 @@
-package harness
+package pgserver
 
 import (
 	"context"
@@ -21,9 +21,10 @@ import (
 const (
 	// EnvDatabase names a server to use as is, as a DSN (URL or keyword/value form).
 	EnvDatabase = "PGXLANES_TEST_DATABASE"
-	// EnvDocker set to "0" skips the Docker step.
+	// EnvDocker set to "0" skips the Docker step; set to "1" it forces it: Start fails rather than
+	// fall back to the local binaries.
 	EnvDocker = "PGXLANES_TEST_DOCKER"
-	// EnvImage chooses the Docker image; the default is DefaultImage.
+	// EnvImage chooses the Docker image of the Docker step.
 	EnvImage = "PGXLANES_TEST_IMAGE"
 )
 
@@ -34,6 +35,49 @@ const (
 	SourceLocal  = "local"
 )
 
+// Docker is the Docker step of Start. The package github.com/pgxlanes/pgxlanes/pgxlanestest/containers
+// registers one, so that programs that do not import it do not link testcontainers and moby.
+type Docker interface {
+	// Hinted reports whether something points at a Docker engine (DOCKER_HOST, a socket file).
+	Hinted() bool
+	// Ready returns nil if an engine answers.
+	Ready(ctx context.Context) error
+	// Start runs a PostgreSQL container and returns it as a Server.
+	Start(ctx context.Context) (*Server, error)
+}
+
+var docker struct {
+	mu sync.Mutex
+	d  Docker
+}
+
+// RegisterDocker makes d the Docker step of Start.
+func RegisterDocker(d Docker) {
+	docker.mu.Lock()
+	docker.d = d
+	docker.mu.Unlock()
+}
+
+func dockerStep() Docker {
+	docker.mu.Lock()
+	defer docker.mu.Unlock()
+	return docker.d
+}
+
+// NewServer returns a Server for dsn, started by a Docker step: source names it, and closeFn,
+// which may be nil, stops it.
+func NewServer(dsn, source string, closeFn func() error) *Server {
+	return &Server{dsn: dsn, source: source, closeFn: closeFn}
+}
+
+// WaitReady polls until a connection to dsn answers a query or timeout passes.
+func WaitReady(ctx context.Context, dsn string, timeout time.Duration) error {
+	return waitReady(ctx, dsn, nil, timeout)
+}
+
+// RandomHex returns n random bytes in hex, for passwords and names.
+func RandomHex(n int) string { return randomHex(n) }
+
 // readyTimeout bounds the wait for a started server to accept connections.
 const readyTimeout = 30 * time.Second
 
@@ -42,6 +86,8 @@ type Server struct {
 	dsn     string
 	source  string
 	version string // e.g. "15.18", "" if unknown
+
+	local *localServer // nil unless started from local binaries
 
 	closeFn   func() error // nil when Close has nothing to do
 	closeOnce sync.Once
@@ -65,20 +111,30 @@ func Start(ctx context.Context) (*Server, error) {
 
 	var tried []string
 
-	if err := dockerReady(ctx); err != nil {
-		tried = append(tried, "docker: "+err.Error())
-		if dockerHinted() && os.Getenv(EnvDocker) != "0" {
-			logf("Docker is not usable, trying local binaries: %v", err)
+	switch d := dockerStep(); {
+	case d == nil:
+		tried = append(tried, "docker: not linked in (import github.com/pgxlanes/pgxlanes/pgxlanestest/containers)")
+	case os.Getenv(EnvDocker) == "0":
+		tried = append(tried, "docker: skipped ("+EnvDocker+"=0)")
+	default:
+		if err := d.Ready(ctx); err != nil {
+			tried = append(tried, "docker: "+err.Error())
+			if d.Hinted() {
+				logf("Docker is not usable, trying local binaries: %v", err)
+			}
+			break
 		}
-	} else {
 		start := time.Now()
-		s, err := startDocker(ctx)
+		s, err := d.Start(ctx)
 		if err == nil {
-			logf("using Docker image %s at %s (started in %s)", dockerImage(), redact(s.dsn), since(start))
+			logf("using Docker at %s (started in %s)", redact(s.dsn), since(start))
 			return s, nil
 		}
 		tried = append(tried, "docker: "+err.Error())
 		logf("Docker failed, trying local binaries: %v", err)
+	}
+	if os.Getenv(EnvDocker) == "1" {
+		return nil, fmt.Errorf("harness: %s=1 forces the Docker step, which failed:\n  %s", EnvDocker, strings.Join(tried, "\n  "))
 	}
 
 	bins, err := findPostgres()
@@ -87,13 +143,36 @@ func Start(ctx context.Context) (*Server, error) {
 		return nil, noServerError(tried)
 	}
 	start := time.Now()
-	s, err := startLocal(ctx, bins)
+	s, err := startLocal(ctx, bins, Options{})
 	if err != nil {
 		// PostgreSQL is installed: installing it is not the advice to give.
 		return nil, fmt.Errorf("harness: local PostgreSQL (%s) did not start (%s): %w",
 			bins.dir, strings.Join(tried, "; "), err)
 	}
 	logf("using local PostgreSQL %s (%s) at %s (started in %s)", s.version, bins.dir, redact(s.dsn), since(start))
+	return s, nil
+}
+
+// StartLocal starts a new PostgreSQL server from the local binaries (as Start's third step does),
+// with the options o, whatever PGXLANES_TEST_DATABASE and Docker offer: each call starts a server
+// of its own, which runs until Close. Only such servers can be restarted, stopped and frozen. ctx
+// bounds the start.
+func StartLocal(ctx context.Context, o Options) (*Server, error) {
+	if _, err := o.args(); err != nil {
+		return nil, err
+	}
+	bins, err := findPostgres()
+	if err != nil {
+		return nil, fmt.Errorf("harness: StartLocal needs the PostgreSQL server binaries: %w; install them "+
+			"(Debian/Ubuntu: apt-get install -y postgresql; the harness starts its own server and does not need the "+
+			"system service)", err)
+	}
+	start := time.Now()
+	s, err := startLocal(ctx, bins, o)
+	if err != nil {
+		return nil, fmt.Errorf("harness: local PostgreSQL (%s) did not start: %w", bins.dir, err)
+	}
+	logf("started local PostgreSQL %s at %s, data %s (in %s)", s.version, redact(s.dsn), s.DataDir(), since(start))
 	return s, nil
 }
 
@@ -197,6 +276,12 @@ func withDatabase(dsn, name string) (string, error) {
 // if not nil, reports true), or the timeout passes. It returns the last connection error on
 // failure.
 func waitReady(ctx context.Context, dsn string, exited func() bool, timeout time.Duration) error {
+	return waitReadyEvery(ctx, dsn, exited, timeout, readyPoll)
+}
+
+// waitReadyEvery is waitReady with the poll interval backing off from 10 ms (or maxDelay if
+// shorter) to maxDelay.
+func waitReadyEvery(ctx context.Context, dsn string, exited func() bool, timeout, maxDelay time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cfg, err := pgx.ParseConfig(dsn)
@@ -207,7 +292,7 @@ func waitReady(ctx context.Context, dsn string, exited func() bool, timeout time
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // works through any pgbouncer mode
 
 	var last error
-	for delay := 10 * time.Millisecond; ; delay = min(delay*2, 200*time.Millisecond) {
+	for delay := min(10*time.Millisecond, maxDelay); ; delay = min(delay*2, maxDelay) {
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err == nil {
 			_, err = conn.Exec(ctx, "select 1")

@@ -1,4 +1,4 @@
-package harness
+package pgserver
 
 import (
 	"context"
@@ -15,10 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
-
-// pgbouncerDirs are searched after PATH: Debian installs pgbouncer in /usr/sbin, which is not on
-// the PATH of ordinary users.
-var pgbouncerDirs = []string{"/usr/sbin", "/usr/local/sbin", "/usr/bin", "/usr/local/bin"}
 
 // StartPgBouncer runs pgbouncer in front of the server of upstreamDSN, listening on a free
 // 127.0.0.1 port, with pool_mode poolMode ("session", "transaction" or "statement"). It returns a
@@ -37,9 +33,9 @@ func StartPgBouncer(ctx context.Context, upstreamDSN string, poolMode string) (d
 	default:
 		return "", nil, fmt.Errorf("harness: pgbouncer: pool mode %q is not session, transaction or statement", poolMode)
 	}
-	bin, err := findBinary("pgbouncer", pgbouncerDirs...)
+	bin, err := FindTool("pgbouncer", "pgbouncer")
 	if err != nil {
-		return "", nil, fmt.Errorf("harness: pgbouncer: %w: install it (Debian/Ubuntu: apt-get install -y pgbouncer)", err)
+		return "", nil, err
 	}
 	up, err := pgconn.ParseConfig(upstreamDSN)
 	if err != nil {

@@ -1,4 +1,4 @@
-package harness
+package pgserver
 
 import (
 	"bufio"
@@ -21,7 +21,7 @@ import (
 func TestLocalStartAndClose(t *testing.T) {
 	bins, err := findPostgres()
 	if err != nil {
-		if os.Getenv(EnvDatabase) != "" || dockerReady(context.Background()) == nil {
+		if os.Getenv(EnvDatabase) != "" || dockerStep() != nil {
 			t.Skipf("no local PostgreSQL binaries, and the tests use another server: %v", err)
 		}
 		t.Fatal(err)
@@ -29,7 +29,7 @@ func TestLocalStartAndClose(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	start := time.Now()
-	s, err := startLocal(ctx, bins)
+	s, err := startLocal(ctx, bins, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestServerDiesWithProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := startLocal(ctx, bins)
+		s, err := startLocal(ctx, bins, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -180,5 +180,19 @@ func TestServerDiesWithProcess(t *testing.T) {
 	removeStale()
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("stale directory %s not removed: %v", dir, err)
+	}
+}
+
+// TestDockerForced: PGXLANES_TEST_DOCKER=1 makes Start fail, not fall back to local binaries,
+// when the Docker step cannot run.
+func TestDockerForced(t *testing.T) {
+	t.Setenv(EnvDatabase, "")
+	t.Setenv(EnvDocker, "1")
+	if d := dockerStep(); d != nil && d.Ready(context.Background()) == nil {
+		t.Skip("a Docker engine answers here; the forced path is tested by make test-containers")
+	}
+	_, err := Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "PGXLANES_TEST_DOCKER=1 forces the Docker step") {
+		t.Fatalf("Start with the Docker step forced and unavailable: %v", err)
 	}
 }

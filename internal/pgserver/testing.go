@@ -1,4 +1,4 @@
-package harness
+package pgserver
 
 import (
 	"context"
@@ -31,19 +31,30 @@ func sharedServer() (*Server, error) {
 // Main runs the package's tests and benchmarks, then stops the shared server if a test started it,
 // and exits with the tests' exit code. Call it from TestMain:
 //
-//	func TestMain(m *testing.M) { harness.Main(m) }
+//	func TestMain(m *testing.M) { pgserver.Main(m) }
 //
 // The server starts lazily, so a package whose selected tests need no server does not pay for one.
 // Without Main, the server still dies with the test process, but its temporary directory stays
 // until a later harness run removes it.
+//
+// Main also closes (and so thaws) every server from StartLocal that a test left open.
 func Main(m *testing.M) {
 	code := m.Run()
+	fail := func(err error) {
+		logf("%v", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if shared.srv != nil {
 		if err := shared.srv.Close(); err != nil {
-			logf("%v", err)
-			if code == 0 {
-				code = 1
-			}
+			fail(err)
+		}
+	}
+	for _, s := range openLocal() {
+		logf("a test left the local server at %s open; closing it", redact(s.DSN()))
+		if err := s.Close(); err != nil {
+			fail(err)
 		}
 	}
 	os.Exit(code)
@@ -89,6 +100,25 @@ func NewDatabase(tb testing.TB) string {
 		}
 	})
 	return dsn
+}
+
+// NewLocal starts a new local server with the options o (see StartLocal) and closes it, thawing
+// it first, when tb's cleanups run. It fails tb at once, with what to install, if no server can
+// be started; it never skips.
+func NewLocal(tb testing.TB, o Options) *Server {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := StartLocal(ctx, o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Error(err)
+		}
+	})
+	return s
 }
 
 // Eventually polls cond every few milliseconds until it holds, and fails tb if d passes first.
