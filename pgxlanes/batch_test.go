@@ -28,7 +28,7 @@ func TestCoarseUp(t *testing.T) {
 	lc := LaneConfig{StatementTimeout: time.Hour, LockTimeout: time.Second, Budget: 30 * time.Second, OverBudget: ActionCancel}
 	texts := map[string]bool{}
 	for ms := 60_000; ms < 120_000; ms += 7 {
-		for _, sql := range batchSettings(lc, LaneConfig{}, time.Duration(ms)*time.Millisecond) {
+		for _, sql := range (sessionSQL{pooler: true}).batchLocals(lc, time.Duration(ms)*time.Millisecond) {
 			texts[sql] = true
 		}
 	}

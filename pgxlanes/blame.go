@@ -2,14 +2,12 @@ package pgxlanes
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // blameInterval rate-limits the lock-holder lookup: it reads pg_locks, which briefly takes the
@@ -65,20 +63,17 @@ const lockHolderSQL = `select a.pid, coalesce(a.state, ''), extract(epoch from n
 // blameLockTimeout logs the likely holders of the lock a statement of l gave up on, naming the
 // pool's own leases by lane, tag and call site. It runs at most once per blameInterval, in the
 // background, over the guard connection.
-func (p *Pool) blameLockTimeout(l *lease, err error) {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
-		return
-	}
+func (p *Pool) blameLockTimeout(l *lease) {
+	srv := l.srv
 	now := time.Now().UnixNano()
-	last := p.holders.last.Load()
-	if now-last < int64(blameInterval) || !p.holders.last.CompareAndSwap(last, now) {
+	last := srv.holders.last.Load()
+	if now-last < int64(blameInterval) || !srv.holders.last.CompareAndSwap(last, now) {
 		return
 	}
-	waiter, lane, tag := l.pid, l.lane, l.tag
-	p.holders.lookup.Add(1)
+	waiter, lane, tag := l.pid, l.rt.lane, l.rt.tag
+	srv.holders.lookup.Add(1)
 	go func() {
-		defer p.holders.lookup.Done()
+		defer srv.holders.lookup.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		type holder struct {
@@ -88,8 +83,8 @@ func (p *Pool) blameLockTimeout(l *lease, err error) {
 			tables string
 		}
 		var hs []holder
-		qerr := p.term.With(ctx, func(c *pgx.Conn) error {
-			rows, err := c.Query(ctx, lockHolderSQL, int32(waiter))
+		qerr := srv.term.with(ctx, func(c *pgx.Conn) error {
+			rows, err := c.Query(ctx, guardTag+lockHolderSQL, int32(waiter))
 			if err != nil {
 				return err
 			}
@@ -107,14 +102,14 @@ func (p *Pool) blameLockTimeout(l *lease, err error) {
 		attrs := []slog.Attr{slog.String("lane", lane.String()), slog.String("tag", tag), slog.Uint64("pid", uint64(waiter))}
 		if qerr != nil {
 			attrs = append(attrs, slog.String("error", qerr.Error()))
-			p.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: lock timeout; holders unknown", attrs...)
+			p.obs.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: lock timeout; holders unknown", attrs...)
 			return
 		}
 		for i, h := range hs {
 			g := []any{slog.Uint64("pid", uint64(h.pid)), slog.String("state", h.state),
 				slog.Duration("xact_age", time.Duration(h.age*float64(time.Second))), slog.String("tables", h.tables)}
-			if m := p.holders.get(h.pid); m != nil {
-				g = append(g, slog.String("lane", m.lane.String()), slog.String("tag", m.tag),
+			if m := srv.holders.get(h.pid); m != nil {
+				g = append(g, slog.String("lane", m.rt.lane.String()), slog.String("tag", m.rt.tag),
 					slog.Duration("held", time.Since(m.acquired)))
 				if cs := m.callSite.String(); cs != "" {
 					g = append(g, slog.String("call_site", cs))
@@ -124,6 +119,6 @@ func (p *Pool) blameLockTimeout(l *lease, err error) {
 			}
 			attrs = append(attrs, slog.Group("holder"+string(rune('1'+i)), g...))
 		}
-		p.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: lock timeout; likely holders", attrs...)
+		p.obs.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: lock timeout; likely holders", attrs...)
 	}()
 }

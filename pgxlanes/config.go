@@ -4,55 +4,66 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// LaneConfig configures one lane. ParseConfig fills every field with the defaults below, sized
-// for pool_max_conns (N), and with the lane_<lane>_<setting> DSN parameters where given.
+// Off turns a lane setting off: no timeout, no budget, no reserve, no bound on the queue. In a
+// LaneConfig, zero means the lane's default instead. Off is untyped, so it fits every field.
+const Off = -1
+
+// LaneConfig configures one lane. A zero field takes the lane's default, resolved by
+// NewWithConfig against the pool's MaxConns (N), so that a Config whose MaxConns changes after
+// ParseConfig stays consistent. Off turns a setting off. The DSN parameter of each field is
+// lane_<lane>_<setting>; in a DSN, durations need a unit ("250ms", "1s") and 0 means off.
 //
-//	setting            short          tx               long
-//	reserved           N/4 (≥1)       (N-short)/2      0
-//	max_conns          N              N - short        (N-short)/4 (≥1)
+//	setting            short              tx               long
+//	reserved           N/4 (≥1 if N ≥ 2)  (N-short)/2      0
+//	max_conns          N                  its reachable    (N-short)/4 (≥1)
 //	max_waiters        32 × max_conns (all lanes)
-//	acquire_timeout    1s             10s              30s
-//	statement_timeout  5s             30s              0 (none)
-//	lock_timeout       1s             10s              30s
-//	budget             6s             30s              10m          (short: statement_timeout + 1s)
-//	over_budget        cancel         cancel           flag
+//	acquire_timeout    1s                 10s              30s
+//	statement_timeout  5s                 30s              off
+//	lock_timeout       1s                 10s              30s
+//	budget             statement + 1s     30s              10m
+//	over_budget        cancel             cancel           flag
+//	slow_threshold     1s (learning)      -                -
+//	fleet_max_conns    -                  -                off
+//
+// An unbounded lane (Tx, Long) can reach at most its reserve plus the shared connections (N minus
+// every reserve); that is its default cap, and a larger MaxConns is refused.
 type LaneConfig struct {
-	// Reserved connections no other lane's unbounded work may take (DSN lane_<lane>_reserved).
-	// Short's reserve is what keeps short queries from ever queueing behind transactions.
+	// Reserved connections no other lane's unbounded work may take (lane_<lane>_reserved).
+	// Short's reserve is what keeps short queries from ever queueing behind transactions. A pool
+	// of one connection cannot be split, so Short then reserves none.
 	Reserved int
 	// MaxConns caps the connections the lane holds at once (lane_<lane>_max_conns). Short may
 	// borrow idle connections up to this cap; Tx and Long never exceed their reserve plus the
-	// shared connections, whatever their cap.
+	// shared connections.
 	MaxConns int
 	// MaxWaiters bounds the lane's queue (lane_<lane>_max_waiters): a caller beyond it fails at
-	// once with ErrLaneFull instead of adding to a queue that cannot drain in time. 0 means
-	// unbounded. Default 32 × MaxConns: more than that cannot be served within an acquire timeout
-	// unless the work is far shorter than the timeout.
+	// once with ErrLaneFull instead of adding to a queue that cannot drain in time. Default
+	// 32 × MaxConns: more cannot be served within an acquire timeout unless the work is far
+	// shorter than the timeout. Off: unbounded.
 	MaxWaiters int
-	// AcquireTimeout bounds the wait for a connection (lane_<lane>_acquire_timeout), including
-	// the time to open one. A short query fails within about a second instead of waiting behind a
-	// full pool; transactions may wait longer. 0 means wait until the caller's ctx ends.
+	// AcquireTimeout bounds the wait for a connection, including opening one
+	// (lane_<lane>_acquire_timeout). A short query fails within a second instead of waiting
+	// behind a full pool; transactions may wait longer. Off: wait until the caller's ctx ends.
 	AcquireTimeout time.Duration
 	// StatementTimeout is PostgreSQL's statement_timeout for the lane's statements
 	// (lane_<lane>_statement_timeout). The server enforces it, so a frozen client cannot keep a
-	// statement running; the client enforces the lane's Budget too (Short's is the statement
-	// timeout plus 1s), with a protocol cancel request that keeps the connection. Short's bounds
-	// its hold time, which is what makes its borrowing safe. 0 disables it.
+	// statement running; the client enforces the lane's Budget too. Short's bounds its hold
+	// time, which is what makes its borrowing safe.
 	StatementTimeout time.Duration
 	// LockTimeout is PostgreSQL's lock_timeout (lane_<lane>_lock_timeout): a short lookup stops
-	// waiting on a row lock held by a transaction after 1s instead of queueing behind it. 0
-	// disables it.
+	// waiting on a row lock held by a transaction after a second instead of queueing behind it.
 	LockTimeout time.Duration
 	// Budget is how long a lease of this lane (a transaction, a held connection, a query's open
-	// rows) may last (lane_<lane>_budget); WithBudget overrides it per call. 0 means no budget.
+	// rows) may last (lane_<lane>_budget); WithBudget overrides it per call. Short's default is
+	// its statement timeout plus one second.
 	Budget time.Duration
 	// OverBudget is what happens to a lease that outlives its budget (lane_<lane>_over_budget =
 	// flag, cancel or terminate). The escalation ladder:
@@ -62,14 +73,33 @@ type LaneConfig struct {
 	//	           lease's next call fails; at 2×Budget, if still held, the session is terminated
 	//	terminate: at Budget/2 a warning; at Budget the session is terminated
 	//
-	// For cancel and terminate, BEGIN also sets idle_in_transaction_session_timeout (and caps
-	// statement_timeout) to just beyond the last step, so the server ends the transaction even if
-	// the client is frozen or gone.
+	// For cancel and terminate, the session also gets idle_in_transaction_session_timeout (and a
+	// capped statement_timeout) just beyond the last step, so the server ends the transaction
+	// even if the client is frozen or gone.
 	OverBudget Action
+	// SlowThreshold is Short's alone (lane_short_slow_threshold): a statement sent to Short
+	// without an annotation whose recent runs mostly take longer than this is learned as slow
+	// and admitted to Long's capacity instead, still under Short's timeouts, until it is fast
+	// again (see Stat.Learning). Default 1s, about 3 × the p99 of work that belongs in Short and
+	// far below its 5s statement timeout. Off: no learning.
+	SlowThreshold time.Duration
+	// FleetMaxConns is Long's alone (lane_long_fleet_max_conns): how many Long calls may run at
+	// once across every pool that shares the database and this setting (all replicas of a
+	// service), coordinated with advisory locks in PostgreSQL. Off (the default): no fleet cap.
+	FleetMaxConns int
+	// Server aims the lane at another server, a read replica for reports, with its own connection
+	// settings (parse them with pgxpool.ParseConfig). It is Long's alone, and set in code only.
+	// The lane keeps its reserve, timeouts, budget, metrics and guard there: it gets a pgxpool of
+	// its own of MaxConns connections (default Server.MaxConns), which no other lane borrows, and
+	// its own guard session. Its timeouts are that server's session defaults. Short learns no
+	// statements then, since a statement learned as slow would go to Long's server.
+	Server *pgxpool.Config
 }
 
 // Config is the configuration of a Pool. Create it with ParseConfig; the embedded pgxpool.Config
-// keeps every pgxpool setting, and MaxConns is the total shared by the lanes.
+// keeps every pgxpool setting, and MaxConns is the total shared by the lanes. Without
+// pool_max_conns, MaxConns is pgxpool's default size plus Short's reserve (5 where pgxpool has
+// 4), so that transactions and held connections keep pgxpool's capacity.
 type Config struct {
 	*pgxpool.Config
 
@@ -77,36 +107,38 @@ type Config struct {
 	Tx    LaneConfig
 	Long  LaneConfig
 
-	// CancelGrace is how long a connection whose context ended waits for the server to answer the
-	// protocol cancel request before its socket is closed. Default 2s. Cancelling instead of
-	// closing keeps the connection: a timed-out query costs no new server session.
+	// CancelGrace bounds the cleaning of a connection whose request was ended early (the caller's
+	// ctx ended, or the guard cancelled it): the server must answer the cancel request and
+	// finish within it, or the connection is closed. The caller never waits for it; the lane slot
+	// stays held until it is done. Default 2s.
 	CancelGrace time.Duration
 
-	// Logger receives the budget warnings and actions. Default slog.Default().
+	// Logger receives the pool's log lines (budget actions, lock holders, learned statements).
+	// Default slog.Default(). It is an observer like any other (see Observer).
 	Logger *slog.Logger
-	// OnViolation, if set, is called for every flag, cancel and terminate, after it was carried out.
-	// It runs on the pool's guard goroutine (or the goroutine of the action): keep it short, and do
-	// not close the pool from it.
+	// OnViolation, if set, is called for every budget warning, flag, cancel and terminate (and a
+	// terminate that failed: Violation.Err), after it was carried out. It runs on the guard's
+	// goroutine: keep it short, and do not close the pool from it. It is shorthand for an
+	// observer that implements ViolationObserver.
 	OnViolation func(Violation)
+
 	// TransactionPooler must be set when the pool connects through a transaction-mode pooler such
 	// as PgBouncer with pool_mode=transaction (DSN: pgxlanes_transaction_pooler=true). Such a
 	// pooler rejects unknown startup parameters and shares server sessions between clients, so
-	// only SET LOCAL is safe: pgxlanes then sets every lane's timeouts with SET LOCAL inside
-	// transactions, never in the startup packet or with a session SET, and plain statements are
-	// bounded by the client-side cancel alone. Default false.
+	// only SET LOCAL is safe: pgxlanes then sets the lanes' timeouts with SET LOCAL inside
+	// transactions only, and plain statements are bounded by the client-side cancel alone.
 	TransactionPooler bool
+	// NoCancelRequests stops the pool from sending protocol cancel requests
+	// (pgxlanes_cancel_requests=false), for a pooler that cannot take them: PgBouncer 1.18.0 to
+	// 1.20.x may crash on one (pgbouncer/pgbouncer#801, #822, #904; fixed in 1.21.0). A request
+	// ended early is then left to finish by itself: its connection is reused if it does within
+	// CancelGrace, and closed otherwise.
+	NoCancelRequests bool
 
 	// CaptureCallSites records the stack of every acquire, so that budget warnings name the code
 	// that took the connection, as HikariCP's leak detection does. It costs an allocation and a
 	// stack walk per acquire: off by default; turn it on to hunt a leak.
 	CaptureCallSites bool
-
-	// sizedFor is the MaxConns the lanes were sized for, sized the lanes as ParseConfig left them
-	// and explicit the DSN's lane parameters; NewWithConfig resizes untouched lanes when MaxConns
-	// changed after ParseConfig.
-	sizedFor int32
-	sized    [numLanes]LaneConfig
-	explicit map[string]string
 }
 
 // Lane returns the configuration of lane l, or nil for an unknown lane.
@@ -122,8 +154,6 @@ func (c *Config) Lane(l Lane) *LaneConfig {
 	return nil
 }
 
-func (c *Config) lanes() [numLanes]LaneConfig { return [numLanes]LaneConfig{c.Short, c.Tx, c.Long} }
-
 // Copy returns a deep copy of c.
 func (c *Config) Copy() *Config {
 	n := *c
@@ -133,227 +163,199 @@ func (c *Config) Copy() *Config {
 	return &n
 }
 
-// ParseConfig parses connString like pgxpool.ParseConfig, plus the lane parameters
-// lane_<short|tx|long>_<reserved|max_conns|max_waiters|acquire_timeout|statement_timeout|lock_timeout|budget>.
-// Durations are Go durations ("1s", "250ms") or whole milliseconds ("1000"). The lane parameters
-// are not sent to the server. Errors name the bad parameter and never contain the password.
+// ParseConfig parses connString like pgxpool.ParseConfig, plus pgxlanes' parameters, which are
+// not sent to the server:
+//
+//   - lane_<short|tx|long>_<setting>, the LaneConfig fields: reserved, max_conns, max_waiters,
+//     acquire_timeout, statement_timeout, lock_timeout, budget, over_budget, slow_threshold,
+//     fleet_max_conns. Durations need a unit ("250ms", "1s"); 0 means off.
+//   - pgxlanes_transaction_pooler and pgxlanes_cancel_requests (true or false).
+//
+// Lane settings not given stay zero, which NewWithConfig resolves to the lane's default. Errors
+// name the bad parameter and never contain the connection string or its password.
 func ParseConfig(connString string) (*Config, error) {
 	pc, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return nil, fmt.Errorf("pgxlanes: %w", err) // pgconn redacts the password
+		return nil, parseError(err)
 	}
-	explicit := map[string]string{}
-	pooler := false
-	if v, ok := pc.ConnConfig.RuntimeParams["pgxlanes_transaction_pooler"]; ok {
-		delete(pc.ConnConfig.RuntimeParams, "pgxlanes_transaction_pooler")
-		b, err := strconv.ParseBool(v)
+	c := &Config{Config: pc}
+	if !strings.Contains(connString, "pool_max_conns") {
+		c.MaxConns = defaultPoolSize(pc.MaxConns)
+	}
+	params := pc.ConnConfig.RuntimeParams
+	for _, b := range []struct {
+		name string
+		set  func(bool)
+	}{
+		{"pgxlanes_transaction_pooler", func(v bool) { c.TransactionPooler = v }},
+		{"pgxlanes_cancel_requests", func(v bool) { c.NoCancelRequests = !v }},
+	} {
+		v, ok := params[b.name]
+		if !ok {
+			continue
+		}
+		delete(params, b.name)
+		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return nil, fmt.Errorf("pgxlanes: DSN parameter pgxlanes_transaction_pooler: %q is not true or false", v)
+			return nil, fmt.Errorf("pgxlanes: DSN parameter %s: %q is not true or false", b.name, v)
 		}
-		pooler = b
+		b.set(on)
 	}
-	for k, v := range pc.ConnConfig.RuntimeParams {
-		if strings.HasPrefix(k, "lane_") {
-			explicit[k] = v
-			delete(pc.ConnConfig.RuntimeParams, k)
+	for k, v := range params {
+		if !strings.HasPrefix(k, "lane_") {
+			continue
 		}
-	}
-	c := &Config{Config: pc, CancelGrace: 2 * time.Second, TransactionPooler: pooler, explicit: explicit}
-	if err := c.sizeLanes(); err != nil {
-		return nil, err
+		delete(params, k)
+		if err := c.setLaneParam(k, v); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
 
+// defaultPoolSize is the pool's size when pool_max_conns is not given: the smallest size whose Tx
+// lane can hold as many connections as pgxpool's default pool (p, the greater of 4 and the number
+// of CPUs), with Short's reserve on top. A service that replaces pgxpool.New keeps its
+// transaction capacity and gains the reserve: 5 connections where pgxpool has 4, 10 for 8.
+func defaultPoolSize(p int32) int32 {
+	n := p
+	for n-int32(shortReserve(int(n))) < p {
+		n++
+	}
+	return n
+}
+
+// shortReserve is Short's default reserve in a pool of n: a quarter, at least one, except that a
+// pool of one connection cannot be split.
+func shortReserve(n int) int {
+	if n < 2 {
+		return 0
+	}
+	return max(n/4, 1)
+}
+
+// parseError turns pgxpool's parse error into one that says what is wrong without the
+// connection string: pgconn redacts the password on a best-effort basis only.
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return errors.New("pgxlanes: invalid connection string")
+	}
+	// pgconn's message is "cannot parse `<connString>`: <what> (<inner error>)". Rebuild <what>
+	// from a copy without the connection string, and keep the inner error only when it cannot
+	// hold the connection string (a number that did not parse).
+	safe := *pe
+	safe.ConnString = ""
+	what := strings.TrimPrefix(safe.Error(), "cannot parse ``: ")
+	inner := errors.Unwrap(pe)
+	if inner != nil {
+		what = strings.TrimSuffix(what, " ("+inner.Error()+")")
+		var num *strconv.NumError
+		switch {
+		case errors.As(inner, &num):
+			what += fmt.Sprintf(" (%q is not a valid number)", num.Num)
+		case strings.HasPrefix(inner.Error(), "time: "):
+			what += " (" + inner.Error() + ")" // the value of a pool_ duration parameter
+		}
+	}
+	return fmt.Errorf("pgxlanes: connection string: %s", what)
+}
+
 // laneSettings are the lane_<lane>_<setting> parameters and the fields they set.
 var laneSettings = []struct {
-	name string
-	i    func(*LaneConfig) *int
-	d    func(*LaneConfig) *time.Duration
-	a    func(*LaneConfig) *Action
+	name  string
+	field string
+	i     func(*LaneConfig) *int
+	d     func(*LaneConfig) *time.Duration
+	a     func(*LaneConfig) *Action
 }{
-	{name: "reserved", i: func(l *LaneConfig) *int { return &l.Reserved }},
-	{name: "max_conns", i: func(l *LaneConfig) *int { return &l.MaxConns }},
-	{name: "max_waiters", i: func(l *LaneConfig) *int { return &l.MaxWaiters }},
-	{name: "acquire_timeout", d: func(l *LaneConfig) *time.Duration { return &l.AcquireTimeout }},
-	{name: "statement_timeout", d: func(l *LaneConfig) *time.Duration { return &l.StatementTimeout }},
-	{name: "lock_timeout", d: func(l *LaneConfig) *time.Duration { return &l.LockTimeout }},
-	{name: "budget", d: func(l *LaneConfig) *time.Duration { return &l.Budget }},
-	{name: "over_budget", a: func(l *LaneConfig) *Action { return &l.OverBudget }},
+	{name: "reserved", field: "Reserved", i: func(l *LaneConfig) *int { return &l.Reserved }},
+	{name: "max_conns", field: "MaxConns", i: func(l *LaneConfig) *int { return &l.MaxConns }},
+	{name: "max_waiters", field: "MaxWaiters", i: func(l *LaneConfig) *int { return &l.MaxWaiters }},
+	{name: "acquire_timeout", field: "AcquireTimeout", d: func(l *LaneConfig) *time.Duration { return &l.AcquireTimeout }},
+	{name: "statement_timeout", field: "StatementTimeout", d: func(l *LaneConfig) *time.Duration { return &l.StatementTimeout }},
+	{name: "lock_timeout", field: "LockTimeout", d: func(l *LaneConfig) *time.Duration { return &l.LockTimeout }},
+	{name: "budget", field: "Budget", d: func(l *LaneConfig) *time.Duration { return &l.Budget }},
+	{name: "over_budget", field: "OverBudget", a: func(l *LaneConfig) *Action { return &l.OverBudget }},
+	{name: "slow_threshold", field: "SlowThreshold", d: func(l *LaneConfig) *time.Duration { return &l.SlowThreshold }},
+	{name: "fleet_max_conns", field: "FleetMaxConns", i: func(l *LaneConfig) *int { return &l.FleetMaxConns }},
 }
 
-// sizeLanes sets every lane to its defaults for MaxConns, then applies the explicit DSN
-// parameters. A lane's defaults depend on the lanes before it (Tx's on Short's reserve), so each
-// lane gets its parameters before the next one's defaults are computed.
-func (c *Config) sizeLanes() error {
-	for k := range c.explicit {
-		if _, _, err := splitLaneParam(k); err != nil {
-			return err
+// dsnName returns the DSN setting name of a LaneConfig field.
+func dsnName(field string) string {
+	for _, s := range laneSettings {
+		if s.field == field {
+			return s.name
 		}
 	}
-	n := int(c.MaxConns)
-	shortReserved := min(max(n/4, 1), n-1)
-	c.Short = LaneConfig{Reserved: shortReserved, MaxConns: n, AcquireTimeout: time.Second,
-		StatementTimeout: 5 * time.Second, LockTimeout: time.Second, Budget: 6 * time.Second, OverBudget: ActionCancel}
-	if err := c.applyExplicit(Short); err != nil {
-		return err
-	}
-	rest := max(n-c.Short.Reserved, 0)
-	c.Tx = LaneConfig{Reserved: rest / 2, MaxConns: rest, AcquireTimeout: 10 * time.Second,
-		StatementTimeout: 30 * time.Second, LockTimeout: 10 * time.Second, Budget: 30 * time.Second, OverBudget: ActionCancel}
-	if err := c.applyExplicit(Tx); err != nil {
-		return err
-	}
-	c.Long = LaneConfig{Reserved: 0, MaxConns: max(rest/4, 1), AcquireTimeout: 30 * time.Second,
-		StatementTimeout: 0, LockTimeout: 30 * time.Second, Budget: 10 * time.Minute, OverBudget: ActionFlag}
-	if err := c.applyExplicit(Long); err != nil {
-		return err
-	}
-	for _, l := range Lanes() {
-		lc := c.Lane(l)
-		if _, set := c.explicit["lane_"+l.String()+"_max_waiters"]; !set {
-			lc.MaxWaiters = 32 * lc.MaxConns
-		}
-	}
-	c.sizedFor = c.MaxConns
-	c.sized = c.lanes()
-	return nil
+	return strings.ToLower(field)
 }
 
-func splitLaneParam(key string) (Lane, int, error) {
-	rest := strings.TrimPrefix(key, "lane_")
-	name, setting, ok := strings.Cut(rest, "_")
+// setLaneParam applies one lane_<lane>_<setting> parameter.
+func (c *Config) setLaneParam(key, v string) error {
+	name, setting, ok := strings.Cut(strings.TrimPrefix(key, "lane_"), "_")
 	if !ok {
-		return 0, 0, fmt.Errorf("pgxlanes: DSN parameter %s: want lane_<short|tx|long>_<setting>", key)
+		return fmt.Errorf("pgxlanes: DSN parameter %s: want lane_<short|tx|long>_<setting>", key)
 	}
 	l, err := ParseLane(name)
 	if err != nil {
-		return 0, 0, fmt.Errorf("pgxlanes: DSN parameter %s: unknown lane %q (lanes are short, tx, long)", key, name)
+		return fmt.Errorf("pgxlanes: DSN parameter %s: unknown lane %q (lanes are short, tx, long)", key, name)
 	}
-	for i, s := range laneSettings {
-		if s.name == setting {
-			return l, i, nil
+	lc := c.Lane(l)
+	for _, s := range laneSettings {
+		if s.name != setting {
+			continue
 		}
+		switch {
+		case s.a != nil:
+			a, err := ParseAction(v)
+			if err != nil {
+				return fmt.Errorf("pgxlanes: DSN parameter %s: %q is not flag, cancel or terminate", key, v)
+			}
+			*s.a(lc) = a
+		case s.i != nil:
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return fmt.Errorf("pgxlanes: DSN parameter %s: %q is not a whole number ≥ 0", key, v)
+			}
+			if n == 0 {
+				n = Off
+			}
+			*s.i(lc) = n
+		default:
+			d, err := parseDuration(v)
+			if err != nil {
+				return fmt.Errorf("pgxlanes: DSN parameter %s: %w", key, err)
+			}
+			*s.d(lc) = d
+		}
+		return nil
 	}
 	names := make([]string, len(laneSettings))
 	for i, s := range laneSettings {
 		names[i] = s.name
 	}
-	return 0, 0, fmt.Errorf("pgxlanes: DSN parameter %s: unknown lane setting %q (settings are %s)", key, setting, strings.Join(names, ", "))
+	return fmt.Errorf("pgxlanes: DSN parameter %s: unknown lane setting %q (settings are %s)", key, setting, strings.Join(names, ", "))
 }
 
-func (c *Config) applyExplicit(l Lane) error {
-	lc := c.Lane(l)
-	for k, v := range c.explicit {
-		kl, i, err := splitLaneParam(k)
-		if err != nil {
-			return err
-		}
-		if kl != l {
-			continue
-		}
-		s := laneSettings[i]
-		if s.a != nil {
-			a, err := ParseAction(v)
-			if err != nil {
-				return fmt.Errorf("pgxlanes: DSN parameter %s: %q is not flag, cancel or terminate", k, v)
-			}
-			*s.a(lc) = a
-			continue
-		}
-		if s.i != nil {
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return fmt.Errorf("pgxlanes: DSN parameter %s: %q is not a whole number ≥ 0", k, v)
-			}
-			*s.i(lc) = n
-			continue
-		}
-		d, err := parseDuration(v)
-		if err != nil {
-			return fmt.Errorf("pgxlanes: DSN parameter %s: %w", k, err)
-		}
-		*s.d(lc) = d
-	}
-	return nil
-}
-
+// parseDuration reads a DSN duration: a Go duration with a unit, or 0 for off. A bare number is
+// refused: read as milliseconds, lane_tx_budget=10 would be 10ms next to a 10s default.
 func parseDuration(v string) (time.Duration, error) {
-	if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
-		if ms < 0 {
-			return 0, fmt.Errorf("%q is negative", v)
-		}
-		if ms > int64(math.MaxInt64/time.Millisecond) {
-			return 0, fmt.Errorf("%q milliseconds is too long", v)
-		}
-		return time.Duration(ms) * time.Millisecond, nil
+	if v == "0" {
+		return Off, nil
+	}
+	if _, err := strconv.ParseFloat(v, 64); err == nil {
+		return 0, fmt.Errorf("%q has no unit (write %sms or %ss; 0 turns it off)", v, v, v)
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return 0, fmt.Errorf("%q is not a duration (use 1s, 250ms or whole milliseconds)", v)
+		return 0, fmt.Errorf("%q is not a duration (use 250ms, 1s, 2m; 0 turns it off)", v)
 	}
 	if d < 0 {
 		return 0, fmt.Errorf("%q is negative", v)
 	}
+	if d == 0 {
+		return Off, nil
+	}
 	return d, nil
-}
-
-// validate checks c and names the field (and its DSN parameter) at fault.
-func (c *Config) validate() error {
-	if c.Config == nil || c.ConnConfig == nil {
-		return errors.New("pgxlanes: Config must be created by ParseConfig")
-	}
-	if c.MaxConns < 1 {
-		return fmt.Errorf("pgxlanes: MaxConns (pool_max_conns) must be at least 1, got %d", c.MaxConns)
-	}
-	if c.CancelGrace < 0 {
-		return fmt.Errorf("pgxlanes: CancelGrace must not be negative, got %v", c.CancelGrace)
-	}
-	n := int(c.MaxConns)
-	reserved := 0
-	for _, l := range Lanes() {
-		lc := c.Lane(l)
-		bad := func(field, setting, format string, args ...any) error {
-			return fmt.Errorf("pgxlanes: %s lane: %s (lane_%s_%s) %s", l, field, l, setting, fmt.Sprintf(format, args...))
-		}
-		for _, f := range []struct {
-			field, setting string
-			v              int64
-		}{
-			{"Reserved", "reserved", int64(lc.Reserved)}, {"MaxConns", "max_conns", int64(lc.MaxConns)},
-			{"MaxWaiters", "max_waiters", int64(lc.MaxWaiters)}, {"AcquireTimeout", "acquire_timeout", int64(lc.AcquireTimeout)},
-			{"StatementTimeout", "statement_timeout", int64(lc.StatementTimeout)}, {"LockTimeout", "lock_timeout", int64(lc.LockTimeout)},
-			{"Budget", "budget", int64(lc.Budget)},
-		} {
-			if f.v < 0 {
-				return bad(f.field, f.setting, "must not be negative")
-			}
-		}
-		if lc.OverBudget < ActionFlag || lc.OverBudget > ActionTerminate {
-			return bad("OverBudget", "over_budget", "must be ActionFlag, ActionCancel or ActionTerminate, got %v", lc.OverBudget)
-		}
-		if c.TransactionPooler && lc.OverBudget == ActionTerminate {
-			return bad("OverBudget", "over_budget", "terminate needs the server's backend PID, which a transaction pooler hides (TransactionPooler is set): use cancel")
-		}
-		if lc.MaxConns < 1 {
-			return bad("MaxConns", "max_conns", "must be at least 1")
-		}
-		if lc.MaxConns > n {
-			return bad("MaxConns", "max_conns", "%d exceeds the pool's MaxConns (pool_max_conns) %d", lc.MaxConns, n)
-		}
-		if lc.Reserved > lc.MaxConns {
-			return bad("Reserved", "reserved", "%d exceeds the lane's MaxConns %d", lc.Reserved, lc.MaxConns)
-		}
-		reserved += lc.Reserved
-	}
-	if reserved > n {
-		return fmt.Errorf("pgxlanes: the lanes reserve %d connections in all (short %d, tx %d, long %d), more than MaxConns (pool_max_conns) %d",
-			reserved, c.Short.Reserved, c.Tx.Reserved, c.Long.Reserved, n)
-	}
-	for _, l := range []Lane{Tx, Long} {
-		if c.Lane(l).Reserved == 0 && reserved == n {
-			return fmt.Errorf("pgxlanes: %s lane: Reserved (lane_%s_reserved) is 0 and the other lanes reserve all %d connections, so it could never get one", l, l, n)
-		}
-	}
-	return nil
 }

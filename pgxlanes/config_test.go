@@ -6,198 +6,242 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
+func resolved(t *testing.T, dsn string) *Config {
+	t.Helper()
+	c, err := ParseConfig(dsn)
+	require.NoError(t, err)
+	r, err := c.resolve()
+	require.NoError(t, err)
+	return r
+}
+
 func TestDefaultLanes(t *testing.T) {
-	tests := []struct {
+	for _, tc := range []struct {
 		n                                                  int
 		shortR, txR, txCap, longCap, shortCap, shortWaiter int
 	}{
+		// A pool of one connection cannot be split: Short reserves none (README, migration.md).
 		{1, 0, 0, 1, 1, 1, 32},
 		{2, 1, 0, 1, 1, 2, 64},
 		{4, 1, 1, 3, 1, 4, 128},
 		{8, 2, 3, 6, 1, 8, 256},
 		{20, 5, 7, 15, 3, 20, 640},
+	} {
+		t.Run(strconv.Itoa(tc.n), func(t *testing.T) {
+			c := resolved(t, "host=127.0.0.1 pool_max_conns="+strconv.Itoa(tc.n))
+			got := []int{c.Short.Reserved, c.Tx.Reserved, c.Tx.MaxConns, c.Long.MaxConns, c.Short.MaxConns, c.Short.MaxWaiters}
+			want := []int{tc.shortR, tc.txR, tc.txCap, tc.longCap, tc.shortCap, tc.shortWaiter}
+			assert.Equal(t, want, got, "[short reserved, tx reserved, tx cap, long cap, short cap, short waiters]")
+			assert.LessOrEqual(t, c.Tx.MaxConns+c.Short.Reserved, tc.n, "tx cap + short reserve within the pool")
+		})
 	}
-	for _, tc := range tests {
-		c, err := ParseConfig("host=127.0.0.1 pool_max_conns=" + itoa(tc.n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := []int{c.Short.Reserved, c.Tx.Reserved, c.Tx.MaxConns, c.Long.MaxConns, c.Short.MaxConns, c.Short.MaxWaiters}
-		want := []int{tc.shortR, tc.txR, tc.txCap, tc.longCap, tc.shortCap, tc.shortWaiter}
-		for i := range got {
-			if got[i] != want[i] {
-				t.Errorf("N=%d: [short reserved, tx reserved, tx cap, long cap, short cap, short waiters] = %v, want %v", tc.n, got, want)
-				break
-			}
-		}
-		if err := c.validate(); err != nil {
-			t.Errorf("N=%d: defaults do not validate: %v", tc.n, err)
-		}
-		// Tx can never take Short's reserve: its cap leaves it free.
-		if c.Tx.MaxConns+c.Short.Reserved > tc.n {
-			t.Errorf("N=%d: tx cap %d + short reserve %d exceeds the pool", tc.n, c.Tx.MaxConns, c.Short.Reserved)
-		}
-	}
-	c, _ := ParseConfig("host=127.0.0.1 pool_max_conns=8")
-	if c.Short.AcquireTimeout != time.Second || c.Tx.AcquireTimeout != 10*time.Second || c.Short.StatementTimeout != 5*time.Second ||
-		c.Long.StatementTimeout != 0 || c.Tx.Budget != 30*time.Second || c.Long.Budget != 10*time.Minute {
-		t.Errorf("timeouts: short %+v tx %+v long %+v", c.Short, c.Tx, c.Long)
-	}
+	c := resolved(t, "host=127.0.0.1 pool_max_conns=8")
+	assert.Equal(t, time.Second, c.Short.AcquireTimeout)
+	assert.Equal(t, 10*time.Second, c.Tx.AcquireTimeout)
+	assert.Equal(t, 5*time.Second, c.Short.StatementTimeout)
+	assert.Equal(t, 6*time.Second, c.Short.Budget)
+	assert.Equal(t, time.Duration(Off), c.Long.StatementTimeout)
+	assert.Equal(t, 30*time.Second, c.Tx.Budget)
+	assert.Equal(t, 10*time.Minute, c.Long.Budget)
+	assert.Equal(t, time.Second, c.Short.SlowThreshold)
 }
 
-func itoa(n int) string { return strconv.Itoa(n) }
+// Without pool_max_conns the pool is pgxpool's default plus Short's reserve, so that Tx keeps
+// pgxpool's capacity.
+func TestDefaultPoolSize(t *testing.T) {
+	for p, want := range map[int32]int32{4: 5, 8: 10, 16: 21, 64: 85} {
+		n := defaultPoolSize(p)
+		assert.Equal(t, want, n, "pgxpool default %d", p)
+		assert.GreaterOrEqual(t, int(n)-shortReserve(int(n)), int(p))
+	}
+	c, err := ParseConfig("host=127.0.0.1")
+	require.NoError(t, err)
+	pc, err := pgxpool.ParseConfig("host=127.0.0.1")
+	require.NoError(t, err)
+	assert.Equal(t, defaultPoolSize(pc.MaxConns), c.MaxConns)
+	r, err := c.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, int(pc.MaxConns), r.Tx.MaxConns, "Tx reaches pgxpool's default size")
+	c, err = ParseConfig("host=127.0.0.1 pool_max_conns=4")
+	require.NoError(t, err)
+	assert.EqualValues(t, 4, c.MaxConns, "an explicit size is kept")
+}
 
 func TestParseConfigLaneParams(t *testing.T) {
 	c, err := ParseConfig("postgres://u:secret@127.0.0.1:5432/db?pool_max_conns=10&lane_short_reserved=4&lane_short_acquire_timeout=250ms" +
-		"&lane_tx_max_conns=5&lane_tx_statement_timeout=2000&lane_long_budget=1h&lane_long_max_waiters=3&application_name=x")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Short.Reserved != 4 || c.Short.AcquireTimeout != 250*time.Millisecond || c.Tx.MaxConns != 5 ||
-		c.Tx.StatementTimeout != 2*time.Second || c.Long.Budget != time.Hour || c.Long.MaxWaiters != 3 {
-		t.Fatalf("lanes: %+v %+v %+v", c.Short, c.Tx, c.Long)
-	}
-	// Tx's defaults follow Short's explicit reserve.
-	if c.Tx.Reserved != 3 {
-		t.Fatalf("tx reserved %d, want (10-4)/2 = 3", c.Tx.Reserved)
-	}
-	for k := range c.ConnConfig.RuntimeParams {
-		if strings.HasPrefix(k, "lane_") {
-			t.Fatalf("lane parameter %s would be sent to the server", k)
-		}
-	}
-	if c.ConnConfig.RuntimeParams["application_name"] != "x" {
-		t.Fatal("other runtime params must be kept")
-	}
+		"&lane_tx_max_conns=5&lane_tx_statement_timeout=2s&lane_long_budget=1h&lane_long_max_waiters=3&lane_long_statement_timeout=0")
+	require.NoError(t, err)
+	// ParseConfig keeps what the DSN says and leaves the rest zero, for NewWithConfig.
+	assert.Equal(t, 4, c.Short.Reserved)
+	assert.Equal(t, 0, c.Tx.Reserved)
+	assert.Equal(t, time.Duration(Off), c.Long.StatementTimeout, "0 means off")
+	_, sent := c.ConnConfig.RuntimeParams["lane_short_reserved"]
+	assert.False(t, sent, "lane parameters are not sent to the server")
+
+	r, err := c.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, 250*time.Millisecond, r.Short.AcquireTimeout)
+	assert.Equal(t, 5, r.Tx.MaxConns)
+	assert.Equal(t, 2*time.Second, r.Tx.StatementTimeout)
+	assert.Equal(t, time.Hour, r.Long.Budget)
+	assert.Equal(t, 3, r.Long.MaxWaiters)
+	assert.Equal(t, 3, r.Tx.Reserved, "(10-4)/2")
+}
+
+// Short's default budget follows its statement timeout: with a 10s statement timeout, a 7s
+// statement is not cancelled at a fixed 6s.
+func TestShortBudgetFollowsStatementTimeout(t *testing.T) {
+	c := resolved(t, "host=127.0.0.1 lane_short_statement_timeout=10s")
+	assert.Equal(t, 11*time.Second, c.Short.Budget)
+	c, err := ParseConfig("host=127.0.0.1")
+	require.NoError(t, err)
+	c.Short.StatementTimeout = 3 * time.Second // changed in code after ParseConfig
+	r, err := c.resolve()
+	require.NoError(t, err)
+	assert.Equal(t, 4*time.Second, r.Short.Budget)
+}
+
+// Defaults are resolved in NewWithConfig, so a MaxConns changed after ParseConfig sizes every
+// lane it did not set.
+func TestDefaultsFollowMaxConns(t *testing.T) {
+	c, err := ParseConfig("host=127.0.0.1 pool_max_conns=4 lane_long_budget=1m")
+	require.NoError(t, err)
+	c.MaxConns = 20
+	p, err := NewWithConfig(t.Context(), c)
+	require.NoError(t, err)
+	defer p.Close()
+	got := p.Config()
+	assert.Equal(t, 5, got.Short.Reserved)
+	assert.Equal(t, 20, got.Short.MaxConns)
+	assert.Equal(t, 15, got.Tx.MaxConns)
+	assert.Equal(t, time.Minute, got.Long.Budget)
 }
 
 func TestParseConfigTransactionPooler(t *testing.T) {
-	c, err := ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=true")
-	if err != nil || !c.TransactionPooler {
-		t.Fatalf("%v %v", c, err)
-	}
-	if _, sent := c.ConnConfig.RuntimeParams["pgxlanes_transaction_pooler"]; sent {
-		t.Fatal("pgxlanes_transaction_pooler would be sent to the server")
-	}
-	if _, err := ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=maybe"); err == nil ||
-		!strings.Contains(err.Error(), "pgxlanes_transaction_pooler") {
-		t.Fatalf("bad bool: %v", err)
-	}
-	c, _ = ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=true lane_long_over_budget=terminate")
-	if _, err := NewWithConfig(t.Context(), c); err == nil || !strings.Contains(err.Error(), "lane_long_over_budget") {
-		t.Fatalf("terminate behind a pooler: %v", err)
-	}
+	c, err := ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=true pgxlanes_cancel_requests=false")
+	require.NoError(t, err)
+	assert.True(t, c.TransactionPooler)
+	assert.True(t, c.NoCancelRequests)
+	_, err = ParseConfig("host=127.0.0.1 pgxlanes_transaction_pooler=maybe")
+	require.ErrorContains(t, err, "pgxlanes_transaction_pooler")
+	c.Long.OverBudget = ActionTerminate
+	_, err = NewWithConfig(t.Context(), c)
+	require.ErrorContains(t, err, "lane_long_over_budget")
 }
 
 func TestParseConfigErrors(t *testing.T) {
-	const base = "postgres://user:hunter2secret@127.0.0.1:5432/db?pool_max_conns=8&"
-	tests := []struct{ params, want string }{
-		{"lane_fast_reserved=1", `lane_fast_reserved: unknown lane "fast"`},
-		{"lane_short_bogus=1", `lane_short_bogus: unknown lane setting "bogus"`},
+	const base = "postgres://user:hunter2secret@127.0.0.1:5432/db?"
+	for _, tc := range []struct{ params, want string }{
 		{"lane_short=1", "lane_short: want lane_<short|tx|long>_<setting>"},
-		{"lane_short_reserved=-1", `lane_short_reserved: "-1" is not a whole number`},
-		{"lane_short_reserved=abc", `lane_short_reserved: "abc" is not a whole number`},
-		{"lane_tx_acquire_timeout=soon", `lane_tx_acquire_timeout: "soon" is not a duration`},
-		{"lane_tx_acquire_timeout=-5s", `lane_tx_acquire_timeout: "-5s" is negative`},
-		{"lane_long_budget=-10", `lane_long_budget: "-10" is negative`},
-		{"lane_long_budget=18446744073710", `lane_long_budget: "18446744073710" milliseconds is too long`},
-		{"lane_long_budget=9223372036855", `lane_long_budget: "9223372036855" milliseconds is too long`},
-		{"lane_tx_over_budget=kill", `lane_tx_over_budget: "kill" is not flag, cancel or terminate`},
-	}
-	for _, tc := range tests {
+		{"lane_bulk_reserved=1", "lane_bulk_reserved: unknown lane \"bulk\""},
+		{"lane_tx_speed=1", "lane_tx_speed: unknown lane setting \"speed\""},
+		{"lane_tx_reserved=-1", "lane_tx_reserved: \"-1\" is not a whole number"},
+		{"lane_tx_reserved=x", "lane_tx_reserved: \"x\" is not a whole number"},
+		{"lane_tx_acquire_timeout=soon", "lane_tx_acquire_timeout: \"soon\" is not a duration"},
+		// A bare number is refused: it would silently be milliseconds.
+		{"lane_tx_budget=10", "lane_tx_budget: \"10\" has no unit (write 10ms or 10s"},
+		{"lane_tx_budget=-1s", "lane_tx_budget: \"-1s\" is negative"},
+		{"lane_tx_over_budget=kill", "lane_tx_over_budget: \"kill\" is not flag, cancel or terminate"},
+		{"pool_max_conns=bad", "cannot parse pool_max_conns (\"bad\" is not a valid number)"},
+		{"pool_max_conn_lifetime=forever", "cannot parse pool_max_conn_lifetime"},
+	} {
 		_, err := ParseConfig(base + tc.params)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want it to contain %q", tc.params, err, tc.want)
-		}
-		if err != nil && strings.Contains(err.Error(), "hunter2secret") {
-			t.Errorf("%s: error leaks the password: %v", tc.params, err)
-		}
+		require.Error(t, err, tc.params)
+		assert.Contains(t, err.Error(), tc.want, tc.params)
+		assert.NotContains(t, err.Error(), "hunter2secret", tc.params)
 	}
-	// pgconn's own parse errors are redacted too.
-	_, err := ParseConfig("postgres://user:hunter2secret@127.0.0.1:notaport/db")
-	if err == nil || strings.Contains(err.Error(), "hunter2secret") {
-		t.Fatalf("bad port: %v", err)
+}
+
+// ParseConfig never echoes the connection string: pgconn's redaction misses some valid spellings
+// of the password.
+func TestParseConfigErrorsNeverHoldThePassword(t *testing.T) {
+	for _, dsn := range []string{
+		"password = 'S3cretPW' pool_max_conns=bad",
+		"password =S3cretPW pool_max_conns=bad",
+		"password= S3cretPW pool_max_conns=bad",
+		`password=x\ S3cretPW pool_max_conns=bad`,
+		"host=127.0.0.1 password=S3cretPW port=notaport",
+		"postgres://user:S3cretPW@127.0.0.1:notaport/db",
+		"postgres://user:S3cretPW@127.0.0.1:5432/db?pool_max_conns=0",
+		"postgres://user:S3cretPW@[::1/db",
+		"host=127.0.0.1 password='S3cretPW sslmode=bogus",
+	} {
+		_, err := ParseConfig(dsn)
+		require.Error(t, err, dsn)
+		assert.NotContains(t, err.Error(), "S3cretPW", dsn)
+		assert.True(t, strings.HasPrefix(err.Error(), "pgxlanes: "), err.Error())
 	}
 }
 
 func TestValidate(t *testing.T) {
-	tests := []struct {
-		name string
-		mod  func(*Config)
-		want string
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		want   string
 	}{
-		{"reserves above total", func(c *Config) { c.Short.Reserved = 5; c.Tx.Reserved = 4 },
-			"the lanes reserve 9 connections in all (short 5, tx 4, long 0), more than MaxConns (pool_max_conns) 8"},
-		{"cap above total", func(c *Config) { c.Long.MaxConns = 9 }, "long lane: MaxConns (lane_long_max_conns) 9 exceeds the pool's MaxConns (pool_max_conns) 8"},
-		{"reserve above cap", func(c *Config) { c.Tx.Reserved = 7 }, "tx lane: Reserved (lane_tx_reserved) 7 exceeds the lane's MaxConns 6"},
-		{"negative timeout", func(c *Config) { c.Short.AcquireTimeout = -1 }, "short lane: AcquireTimeout (lane_short_acquire_timeout) must not be negative"},
-		{"negative waiters", func(c *Config) { c.Tx.MaxWaiters = -1 }, "tx lane: MaxWaiters (lane_tx_max_waiters) must not be negative"},
-		{"zero cap", func(c *Config) { c.Long.MaxConns = 0 }, "long lane: MaxConns (lane_long_max_conns) must be at least 1"},
-		{"long starved", func(c *Config) { c.Short.Reserved = 2; c.Tx.Reserved = 6 }, "long lane: Reserved (lane_long_reserved) is 0 and the other lanes reserve all 8"},
-		{"nil pgxpool config", func(c *Config) { c.Config = nil }, "Config must be created by ParseConfig"},
-	}
-	for _, tc := range tests {
+		{"reserves above total", func(c *Config) { c.Short.Reserved = 5; c.Tx.Reserved = 4 }, "reserve 9"},
+		{"cap above total", func(c *Config) { c.Short.MaxConns = 9 }, "short lane: MaxConns (lane_short_max_conns) 9 exceeds"},
+		// Tx can reach only its reserve plus the shared connections: 6 of a pool of 8.
+		{"tx cap above reachable", func(c *Config) { c.Tx.MaxConns = 8 }, "tx lane: MaxConns (lane_tx_max_conns) 8 exceeds the 6"},
+		{"reserve above cap", func(c *Config) { c.Tx.Reserved = 4; c.Tx.MaxConns = 3 }, "tx lane: Reserved (lane_tx_reserved) 4 exceeds"},
+		{"negative timeout", func(c *Config) { c.Short.AcquireTimeout = -2 }, "short lane: AcquireTimeout (lane_short_acquire_timeout) must be positive"},
+		{"negative waiters", func(c *Config) { c.Tx.MaxWaiters = -7 }, "tx lane: MaxWaiters (lane_tx_max_waiters) must be positive"},
+		{"cap off", func(c *Config) { c.Long.MaxConns = Off }, "long lane: MaxConns (lane_long_max_conns) cannot be Off"},
+		{"long starved", func(c *Config) { c.Short.Reserved = 2; c.Tx.Reserved = 6 }, "long"},
+		{"short unbounded", func(c *Config) { c.Short.StatementTimeout = Off; c.Short.Budget = Off }, "short lane: StatementTimeout"},
+		{"slow threshold on tx", func(c *Config) { c.Tx.SlowThreshold = time.Second }, "tx lane: SlowThreshold (lane_tx_slow_threshold) is Short's alone"},
+		{"bad action", func(c *Config) { c.Tx.OverBudget = 9 }, "tx lane: OverBudget (lane_tx_over_budget)"},
+		{"zero pool", func(c *Config) { c.MaxConns = 0 }, "MaxConns (pool_max_conns) must be at least 1"},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseConfig("host=127.0.0.1 pool_max_conns=8")
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.mod(c)
+			require.NoError(t, err)
+			tc.change(c)
 			_, err = NewWithConfig(t.Context(), c)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want it to contain %q", err, tc.want)
-			}
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
 }
 
-func TestResizeUntouchedLanes(t *testing.T) {
-	c, err := ParseConfig("host=127.0.0.1 pool_max_conns=4 lane_long_budget=1m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.MaxConns = 20
-	p, err := NewWithConfig(t.Context(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	got := p.Config()
-	if got.Short.Reserved != 5 || got.Short.MaxConns != 20 || got.Tx.MaxConns != 15 || got.Long.Budget != time.Minute {
-		t.Fatalf("lanes not resized for MaxConns 20: %+v %+v %+v", got.Short, got.Tx, got.Long)
+// A Config not made by ParseConfig gets an error, never a panic (pgxpool panics).
+func TestConfigNotFromParseConfig(t *testing.T) {
+	for _, c := range []*Config{nil, {}, {Config: &pgxpool.Config{}}} {
+		assert.NotPanics(t, func() {
+			_, err := NewWithConfig(t.Context(), c)
+			assert.ErrorContains(t, err, "pgxlanes: Config must")
+		})
 	}
 }
 
-func TestBeginSQL(t *testing.T) {
-	c, _ := ParseConfig("host=127.0.0.1 pool_max_conns=4 lane_tx_statement_timeout=1500ms lane_tx_lock_timeout=250us")
-	p, err := NewWithConfig(t.Context(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	o := p.txOptions(Tx, 30*time.Second, pgx.TxOptions{IsoLevel: "serializable", AccessMode: "read only"})
-	want := "begin isolation level serializable read only; set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 63000"
-	if o.BeginQuery != want {
-		t.Fatalf("BeginQuery %q, want %q", o.BeginQuery, want)
-	}
-	if got := p.txOptions(Tx, 30*time.Second, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 63000" {
-		t.Fatalf("default BeginQuery %q", got)
-	}
-	// Short's timeouts are the session defaults: only the budget's backstop (cancel at 6s,
-	// terminate at 12s, plus 1s) is set.
-	if got := p.txOptions(Short, 6*time.Second, pgx.TxOptions{}).BeginQuery; got != "begin; set local idle_in_transaction_session_timeout = 13000" {
-		t.Fatalf("short BeginQuery %q", got)
-	}
-	// A per-call budget (WithBudget) changes the backstops; the lane's flag action has none.
-	if got := p.txOptions(Tx, 2*time.Second, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 5000" {
-		t.Fatalf("tx BeginQuery with a 2s budget %q", got)
-	}
-	if got := p.txOptions(Long, time.Hour, pgx.TxOptions{}).BeginQuery; got != "begin; set local statement_timeout = 0; set local lock_timeout = 30000" {
-		t.Fatalf("long BeginQuery %q", got)
-	}
+func TestSessionSQL(t *testing.T) {
+	c := resolved(t, "host=127.0.0.1 pool_max_conns=4 lane_tx_statement_timeout=1500ms lane_tx_lock_timeout=250us")
+	s := sessionSQL{defaults: c.Short}
+	// A held connection or statement of Tx: its timeouts, as session settings.
+	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1", s.session(c.Tx, false, 0))
+	// A transaction also gets the budget's backstop: cancel at 30s, terminate at 60s, plus 3s.
+	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; set idle_in_transaction_session_timeout = 63000",
+		s.session(c.Tx, true, c.Tx.Budget))
+	// Short's timeouts are the session defaults: nothing for a statement; a transaction of
+	// Short gets only its budget's backstop (cancel at 6s, terminate at 12s, plus 1s).
+	assert.Equal(t, "", s.session(c.Short, false, 0))
+	assert.Equal(t, "set idle_in_transaction_session_timeout = 13000", s.session(c.Short, true, c.Short.Budget))
+	// A per-call budget changes the backstops; the Long lane's flag action has none.
+	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; set idle_in_transaction_session_timeout = 5000",
+		s.session(c.Tx, true, 2*time.Second))
+	assert.Equal(t, "set statement_timeout = 0; set lock_timeout = 30000", s.session(c.Long, true, time.Hour))
+	// Behind a transaction pooler nothing goes on the session; transactions use SET LOCAL.
+	ps := sessionSQL{defaults: LaneConfig{StatementTimeout: Off, LockTimeout: Off}, pooler: true}
+	assert.Equal(t, "", ps.session(c.Tx, false, 0))
+	assert.Equal(t, "set local statement_timeout = 1500; set local lock_timeout = 1; set local idle_in_transaction_session_timeout = 63000",
+		ps.local(c.Tx, c.Tx.Budget))
+	assert.Equal(t, []string{"set local statement_timeout = 1500", "set local lock_timeout = 1",
+		"set local idle_in_transaction_session_timeout = 63000"}, ps.batchLocals(c.Tx, c.Tx.Budget))
 }
 
 type countingObserver struct {
@@ -213,23 +257,29 @@ func (v valueObserver) ObserveAcquire(AcquireEvent) { *v.seen++ }
 func (v valueObserver) ObserveRelease(ReleaseEvent) {}
 
 func TestAddRemoveObserver(t *testing.T) {
-	c, _ := ParseConfig("host=127.0.0.1 pool_max_conns=2")
-	p, err := NewWithConfig(t.Context(), c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	var o observers
 	a := &countingObserver{}
 	n := 0
-	removeA := p.AddObserver(a)
-	removeB := p.AddObserver(valueObserver{&n})
-	p.AddObserver(valueObserver{&n})
-	p.observeAcquire(AcquireEvent{Lane: Tx})
+	removeA := o.add(a)
+	removeB := o.add(valueObserver{&n})
+	o.add(valueObserver{&n})
+	o.acquire(AcquireEvent{Lane: Tx})
 	removeA()
 	removeA()
 	removeB()
-	p.observeAcquire(AcquireEvent{Lane: Short})
-	if len(a.acquires) != 1 || a.acquires[0].Lane != Tx || n != 3 {
-		t.Fatalf("a saw %v, value observers %d times; want 1 and 3", a.acquires, n)
-	}
+	o.acquire(AcquireEvent{Lane: Short})
+	require.Len(t, a.acquires, 1)
+	assert.Equal(t, Tx, a.acquires[0].Lane)
+	assert.Equal(t, 3, n)
+}
+
+// TestRolloutDSN: the "pgxpool's behaviour" parameters of docs/migration.md are valid.
+func TestRolloutDSN(t *testing.T) {
+	c := resolved(t, "postgres://app@127.0.0.1/app?pool_max_conns=8&lane_short_statement_timeout=0&lane_short_budget=1h"+
+		"&lane_short_lock_timeout=0&lane_short_acquire_timeout=0&lane_short_max_waiters=0"+
+		"&lane_tx_budget=0&lane_tx_acquire_timeout=0&lane_tx_max_waiters=0&lane_tx_lock_timeout=0&lane_short_reserved=0")
+	assert.Equal(t, 0, c.Short.Reserved)
+	assert.Equal(t, 8, c.Tx.MaxConns, "with no Short reserve, Tx reaches the whole pool as with pgxpool")
+	assert.Equal(t, time.Duration(Off), c.Tx.Budget)
+	assert.Equal(t, Off, c.Tx.MaxWaiters)
 }

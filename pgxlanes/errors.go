@@ -1,28 +1,27 @@
 package pgxlanes
 
 import (
+	"errors"
+	"fmt"
 	"time"
-
-	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
-// sentinel is an error value that also matches the reserve package's sentinel it stands for.
-type sentinel struct {
-	msg  string
-	base error
-}
-
-func (e *sentinel) Error() string { return e.msg }
-func (e *sentinel) Unwrap() error { return e.base }
-
-// Sentinel errors. Use errors.Is: the errors returned are *AcquireError values that wrap them.
+// Sentinel errors. Use errors.Is: acquire failures are *AcquireError values that wrap one of the
+// first three, budget actions *BudgetError values that wrap ErrBudgetExceeded.
 var (
 	// ErrAcquireTimeout: the lane's AcquireTimeout ran out before a connection was ready.
-	ErrAcquireTimeout error = &sentinel{"pgxlanes: acquire timed out", reserve.ErrAcquireTimeout}
+	ErrAcquireTimeout = errors.New("pgxlanes: acquire timed out")
 	// ErrLaneFull: the lane's queue already held MaxWaiters callers; the caller was refused at once.
-	ErrLaneFull error = &sentinel{"pgxlanes: lane wait queue full", reserve.ErrLaneFull}
+	ErrLaneFull = errors.New("pgxlanes: lane wait queue full")
 	// ErrClosed: the pool is closed.
-	ErrClosed error = &sentinel{"pgxlanes: pool closed", reserve.ErrClosed}
+	ErrClosed = errors.New("pgxlanes: pool closed")
+	// ErrBudgetExceeded: the lease (a transaction, a held connection, a query's rows) outlived its
+	// budget and was cancelled or terminated.
+	ErrBudgetExceeded = errors.New("pgxlanes: budget exceeded")
+	// ErrReleased: a connection, transaction or rows was used after it was released (Release,
+	// Commit, Rollback, Close, or Hijack). It never reaches the connection, which may already
+	// serve another caller.
+	ErrReleased = errors.New("pgxlanes: used after release")
 )
 
 // AcquireError is returned when a call gets no connection. It carries the lane and the lane's
@@ -30,8 +29,9 @@ var (
 //
 //	pgxlanes: short lane: acquire timed out after 1s (in use 4/4, waiting 12)
 //
-// Err is ErrAcquireTimeout, ErrLaneFull, ErrClosed, or the caller's ctx error (so
-// errors.Is(err, context.DeadlineExceeded) holds when the caller's own deadline came first).
+// Err is ErrAcquireTimeout, ErrLaneFull, ErrClosed, the caller's ctx error (so
+// errors.Is(err, context.DeadlineExceeded) holds when the caller's own deadline came first), or
+// the error of opening a connection.
 type AcquireError struct {
 	Lane     Lane
 	Tag      string
@@ -43,23 +43,82 @@ type AcquireError struct {
 }
 
 func (e *AcquireError) Error() string {
-	re := reserve.AcquireError{Lane: e.Lane.String(), Waited: e.Waited.Round(time.Millisecond), InUse: e.InUse,
-		MaxConns: e.MaxConns, Waiting: e.Waiting, Err: e.Err}
-	return "pgxlanes: " + re.Detail()
+	var what string
+	switch {
+	case errors.Is(e.Err, ErrAcquireTimeout):
+		what = fmt.Sprintf("acquire timed out after %v", e.Waited.Round(time.Millisecond))
+	case errors.Is(e.Err, ErrLaneFull):
+		what = "wait queue full, caller refused"
+	case errors.Is(e.Err, ErrClosed):
+		what = "pool closed"
+	default:
+		what = fmt.Sprintf("acquire gave up after %v: %v", e.Waited.Round(time.Millisecond), e.Err)
+	}
+	return fmt.Sprintf("pgxlanes: %s lane: %s (in use %d/%d, waiting %d)", e.Lane, what, e.InUse, e.MaxConns, e.Waiting)
 }
 
 func (e *AcquireError) Unwrap() error { return e.Err }
 
-// fromReserve converts reserve's error into ours, mapping its sentinels to ours.
-func fromReserve(l Lane, tag string, re *reserve.AcquireError) *AcquireError {
-	e := &AcquireError{Lane: l, Tag: tag, Waited: re.Waited, InUse: re.InUse, MaxConns: re.MaxConns, Waiting: re.Waiting, Err: re.Err}
-	switch re.Err {
-	case reserve.ErrAcquireTimeout:
-		e.Err = ErrAcquireTimeout
-	case reserve.ErrLaneFull:
-		e.Err = ErrLaneFull
-	case reserve.ErrClosed:
-		e.Err = ErrClosed
-	}
-	return e
+// BudgetError is returned by the calls of a lease that the guard cancelled or terminated, from
+// the call it interrupted (if one was running) on, Commit included. Err is the error of the call
+// itself, if it got one from the server.
+type BudgetError struct {
+	Lane     Lane
+	Tag      string
+	Action   Action
+	Budget   time.Duration
+	Elapsed  time.Duration // how long the lease had been held when the guard acted
+	CallSite string        // where it was acquired, when Config.CaptureCallSites is on
+	// Failed is the error of a terminate that could not be verified: the pool closed its socket
+	// to the session instead.
+	Failed error
+	Err    error
 }
+
+func (e *BudgetError) Error() string {
+	verb := "cancelled"
+	if e.Action == ActionTerminate {
+		verb = "terminated"
+		if e.Failed != nil {
+			verb = "closed (terminate failed: " + e.Failed.Error() + ")"
+		}
+	}
+	s := fmt.Sprintf("pgxlanes: %s lane: %s after %v, over its budget of %v", e.Lane, verb, e.Elapsed.Round(time.Millisecond), e.Budget)
+	if e.Tag != "" {
+		s += " (tag " + e.Tag + ")"
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *BudgetError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrBudgetExceeded, e.Err}
+	}
+	return []error{ErrBudgetExceeded}
+}
+
+// with returns a copy of e with Err set to err.
+func (e *BudgetError) with(err error) *BudgetError {
+	c := *e
+	c.Err = err
+	return &c
+}
+
+// interruptedError is returned by a call whose context ended while the server was still working
+// on it. The call returns at once; the statement is cancelled and the connection cleaned in the
+// background, then reused. errors.Is(err, ctx.Err()) holds, and errors.As finds the
+// *pgconn.PgError (57014) that pgx returned.
+type interruptedError struct {
+	lane  Lane
+	cause error // the context's error
+	err   error // pgx's error
+}
+
+func (e *interruptedError) Error() string {
+	return fmt.Sprintf("pgxlanes: %s lane: %v: %v", e.lane, e.cause, e.err)
+}
+
+func (e *interruptedError) Unwrap() []error { return []error{e.cause, e.err} }

@@ -7,15 +7,22 @@ import (
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
-// ParseConfig sizes the lanes for pool_max_conns; lane_<lane>_<setting> parameters override the
-// defaults and are not sent to the server.
+// lane_<lane>_<setting> parameters override the lanes' defaults, which the pool sizes for
+// pool_max_conns when it is created; they are not sent to the server. Like pgxpool, New does not
+// connect before the first use.
 func ExampleParseConfig() {
 	cfg, err := pgxlanes.ParseConfig("postgres://app:secret@127.0.0.1/app?pool_max_conns=8&lane_tx_budget=10s&lane_tx_over_budget=terminate")
 	if err != nil {
 		panic(err)
 	}
+	pool, err := pgxlanes.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	resolved := pool.Config()
 	for _, l := range pgxlanes.Lanes() {
-		lc := cfg.Lane(l)
+		lc := resolved.Lane(l)
 		fmt.Printf("%-5s reserved %d, max %d, acquire timeout %v, budget %v (%v)\n",
 			l, lc.Reserved, lc.MaxConns, lc.AcquireTimeout, lc.Budget, lc.OverBudget)
 	}

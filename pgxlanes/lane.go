@@ -51,7 +51,7 @@ type Annotations struct {
 	// Lane is the lane chosen with WithLane; LaneSet is false when none was.
 	Lane    Lane
 	LaneSet bool
-	// Budget is the hold-time budget set with WithBudget; 0 when none was.
+	// Budget is the hold-time budget set with WithBudget: 0 when none was, Off for no budget.
 	Budget time.Duration
 	// Tag is the label set with WithTag; "" when none was.
 	Tag string
@@ -74,17 +74,23 @@ func withAnnotations(ctx context.Context, f func(*Annotations)) context.Context 
 	return context.WithValue(ctx, annotationsKey{}, &a)
 }
 
-// WithLane returns a context whose calls go to lane l, whatever the method. An invalid lane
-// is reported when the context is used, as an error naming the lane.
+// WithLane returns a context whose calls go to lane l, whatever the method and whatever the pool
+// learned about the statement. An invalid lane is refused when the context is used: calls fail
+// with an error naming it, and AcquireAllIdle returns no connections.
 func WithLane(ctx context.Context, l Lane) context.Context {
 	return withAnnotations(ctx, func(a *Annotations) { a.Lane, a.LaneSet = l, true })
 }
 
 // WithBudget returns a context whose transaction or held connection has budget d instead of its
-// lane's budget: tighter for work that must be quick, looser for work known to be slow. d <= 0
-// removes an earlier WithBudget.
+// lane's budget: tighter for work that must be quick, looser for work known to be slow. Off
+// means no budget at all: the lease is never flagged, cancelled or terminated, which is what a
+// LISTEN loop on a held connection needs. 0 (or any other negative d) removes an earlier
+// WithBudget.
 func WithBudget(ctx context.Context, d time.Duration) context.Context {
-	return withAnnotations(ctx, func(a *Annotations) { a.Budget = max(d, 0) })
+	if d < 0 && d != Off {
+		d = 0
+	}
+	return withAnnotations(ctx, func(a *Annotations) { a.Budget = d })
 }
 
 // WithTag returns a context whose calls carry tag in logs, errors and metrics. Keep tags few and

@@ -2,178 +2,302 @@ package pgxlanes
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/reserve"
-	"github.com/pgxlanes/pgxlanes/txguard"
+	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
-const (
-	// resetTimeout bounds the RESET that restores a connection's session before it goes back.
-	resetTimeout = 5 * time.Second
-	// cancelSettle is how long a connection whose statement the guard cancelled waits before it
-	// is reused: the server may deliver a cancel a little after it acknowledged it, and it must
-	// not hit the next caller's query (pgconn waits the same).
-	cancelSettle = 100 * time.Millisecond
-)
+// closeTimeout bounds the Terminate a destroyed connection sends; its socket is already closed,
+// so it returns at once.
+const closeTimeout = time.Second
 
 // leaseState is guarded by lease.mu.
 type leaseState uint8
 
 const (
 	leaseActive leaseState = iota
-	leaseReleased
-	// leaseTerminated: the guard ended the session, took the connection out of pgxpool and freed
-	// the slot; the owner still has to close its *pgx.Conn.
-	leaseTerminated
+	// leaseEnding: the owner released the lease while the guard was terminating its session;
+	// the guard ends it when done.
+	leaseEnding
+	leaseEnded
 )
 
-// lease is one call's hold on a connection and its lane slot, from acquire to release. Every
-// wrapper (rows, row, batch, tx, conn) releases through it, exactly once, and the guard acts on it
-// through Act (budget.go).
+// endHow says how a lease ends.
+type endHow uint8
+
+const (
+	endReturn     endHow = iota // back to pgxpool, if the connection is fit; destroyed otherwise
+	endCleaned                  // the same, after a drain: a transaction left open is rolled back
+	endDestroy                  // closed
+	endHijack                   // handed to the caller
+	endTerminated               // the guard ended the session; the connection leaves pgxpool
+)
+
+// lease is one call's hold on a connection and its lane slot, from acquire to its end. Every
+// wrapper (rows, row, batch, tx, conn) runs through it, and every ending (release, destroy,
+// hijack, the guard's terminate, the end of a drain) passes through end, the one function that
+// touches the reserve, the pool's counts, the lock-holder registry, the learner and the
+// observers.
 type lease struct {
 	p    *Pool
+	srv  *server // the server of the lease's lane
 	pc   *pgxpool.Conn
-	conn *pgx.Conn // pc.Conn(), captured once: callers never touch pc again
+	conn *pgx.Conn  // pc.Conn(), captured once
+	w    *wire.Conn // the socket under conn
 	slot reserve.Slot
-	lane Lane
-	tag  string
-	pid  uint32
+	rt   route
+	sql  string // the statement, for a learned one
+	// fleetSlot is the fleet slot a Long lease holds (fleet.go), -1 for none.
+	fleetSlot int32
+	pid       uint32
+	kind      callKind
 
-	acquired time.Time // the connection was ready
-
-	reset string // SQL restoring the session before release; "" if nothing to restore
+	acquired time.Time     // the connection was ready
+	budget   time.Duration // the lease's budget; 0 for none
+	action   Action        // what happens past it
 
 	// The wrapper handed to the caller lives inside the lease, to spare an allocation per call.
 	rows leaseRows
 	row  leaseRow
-	tx   poolTx
+	tx   leaseTx
 	held Conn
 
 	guard    txguard.Lease
-	callSite txguard.CallSite
+	callSite callSite
 	// violation is set by the guard when it cancels or terminates; the wrappers then fail the
-	// lease's calls with it.
-	violation atomic.Pointer[BudgetError]
-	flagged   atomic.Bool
+	// lease's calls with it. terminating is set while the guard terminates the session.
+	violation   atomic.Pointer[BudgetError]
+	terminating atomic.Bool
+	flagged     atomic.Bool
+	overran     atomic.Bool // the learner was told this statement ran past the threshold
+	released    atomic.Bool // the owner released or hijacked it: its wrappers refuse calls
 
-	// mu orders the owner's release against the guard's cancel and terminate, so that the guard
-	// never cancels or terminates a connection already handed to someone else.
-	mu          sync.Mutex
-	state       leaseState
-	cancelledAt time.Time // when the guard cancelled, zero if it did not
+	mu    sync.Mutex // orders the owner's release against the guard's terminate
+	state leaseState
 }
 
-// release returns the connection to pgxpool and the slot to the lane. It is safe to call more
-// than once; only the first call does anything.
-func (l *lease) release() {
+// newLease turns a pgxpool connection and a lane slot into a lease: it stages the session
+// settings the lease needs and starts watching its budget.
+func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind callKind, sql string, fleetSlot int32) *lease {
+	conn := pc.Conn()
+	w, _ := conn.PgConn().Conn().(*wire.Conn)
+	srv := p.lanes[rt.lane].srv
+	l := &lease{p: p, srv: srv, pc: pc, conn: conn, w: w, slot: slot, rt: rt, kind: kind, pid: conn.PgConn().PID(), fleetSlot: fleetSlot}
+	srv.leased.Add(1)
+	set := &p.lanes[rt.set]
+	l.budget, l.action = on(set.cfg.Budget), set.cfg.OverBudget
+	if rt.budget != 0 {
+		l.budget = on(rt.budget)
+	}
+	switch {
+	case kind != kindTx:
+		w.Stage(set.session)
+	case !p.pooler && l.budget == set.cfg.Budget:
+		w.Stage(set.txSession)
+	case !p.pooler:
+		w.Stage(srv.sql.session(set.cfg, true, l.budget))
+	}
+	if p.config.CaptureCallSites {
+		l.callSite = captureCallSite()
+	}
+	if rt.lane != Short {
+		srv.holders.add(l)
+	}
+	l.acquired = time.Now()
+	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action)}
+	if rt.learn {
+		l.sql = sql
+		l.guard.Mark = p.config.Short.SlowThreshold
+	}
+	p.guard.Watch(&l.guard)
+	return l
+}
+
+// txLocal returns the SET LOCALs that follow the BEGIN of this lease's transaction behind a
+// transaction pooler.
+func (l *lease) txLocal() string {
+	set := &l.p.lanes[l.rt.set]
+	if l.budget == set.cfg.Budget {
+		return set.txLocal
+	}
+	return l.srv.sql.local(set.cfg, l.budget)
+}
+
+// release ends the lease and returns its connection to pgxpool, or closes it if it is not fit
+// for reuse. It is safe to call more than once; only the first call does anything.
+func (l *lease) release() { l.close(endReturn) }
+
+func (l *lease) close(how endHow) {
 	l.mu.Lock()
-	switch l.state {
-	case leaseReleased:
+	if l.state != leaseActive {
 		l.mu.Unlock()
-		return
-	case leaseTerminated:
-		// The guard freed the slot; the connection is dead and no longer pgxpool's.
-		l.state = leaseReleased
-		l.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = l.conn.Close(ctx)
-		cancel()
 		return
 	}
-	l.state = leaseReleased
-	cancelledAt := l.cancelledAt
+	l.released.Store(true)
+	if l.terminating.Load() {
+		// The guard is terminating the session: it ends the lease when done. The owner does not
+		// wait for its network I/O.
+		l.state = leaseEnding
+		l.mu.Unlock()
+		return
+	}
+	l.state = leaseEnded
 	l.mu.Unlock()
-
-	l.p.guard.Unwatch(&l.guard)
-	l.afterCancel(cancelledAt)
-	if l.reset != "" && !l.conn.IsClosed() && l.conn.PgConn().TxStatus() == 'I' {
-		// A connection not idle is destroyed by pgxpool's Release anyway.
-		ctx, cancel := context.WithTimeout(context.Background(), resetTimeout)
-		_, err := l.conn.Exec(ctx, l.reset)
-		cancel()
-		if err != nil {
-			l.closeConn()
-			l.finish()
-			l.logReturned()
-			return
-		}
-	}
-	l.pc.Release()
-	l.finish()
-	l.logReturned()
+	l.end(how)
 }
 
-// destroy closes the connection instead of returning it (its session could not be prepared). It
-// runs before the lease is watched or handed out.
-func (l *lease) destroy() {
-	l.state = leaseReleased
-	l.closeConn()
-	l.p.leased.Add(-1)
-	l.p.res.Release(l.slot)
-}
-
-// hijack takes the connection out of the pool for the caller and frees the slot. A connection the
-// guard terminated is handed over as it is: dead, for the caller to close.
+// hijack ends the lease and hands its connection to the caller, with the session's settings
+// back at the defaults before its next statement.
 func (l *lease) hijack() *pgx.Conn {
 	l.mu.Lock()
-	switch l.state {
-	case leaseReleased:
+	if l.released.Load() {
 		l.mu.Unlock()
 		panic("pgxlanes: cannot hijack a connection already released or hijacked")
-	case leaseTerminated:
-		l.state = leaseReleased
+	}
+	if l.state != leaseActive {
+		// The guard terminated the session and ended the lease: the connection is dead and out
+		// of the pool; hand it over as it is, for the caller to close.
+		l.released.Store(true)
 		l.mu.Unlock()
 		return l.conn
 	}
-	l.state = leaseReleased
-	cancelledAt := l.cancelledAt
+	l.released.Store(true)
+	l.state = leaseEnded
 	l.mu.Unlock()
-	l.p.guard.Unwatch(&l.guard)
-	l.afterCancel(cancelledAt)
-	c := l.pc.Hijack()
-	l.p.open.Add(-1) // out of pgxpool without BeforeClose
-	l.finish()
-	return c
+	return l.end(endHijack)
 }
 
-// afterCancel, for a connection whose statement the guard cancelled at cancelledAt (zero if it
-// did not), lets a late cancel land here rather than on the connection's next user, and takes back
-// the socket deadline the guard set as a backstop.
-func (l *lease) afterCancel(cancelledAt time.Time) {
-	if cancelledAt.IsZero() {
-		return
+// end is the one exit of a lease. A connection whose interrupted request is still being
+// cleaned stays leased, its slot held, until the drain ends; the drain then calls end again.
+func (l *lease) end(how endHow) *pgx.Conn {
+	p := l.p
+	p.guard.Unwatch(&l.guard)
+	if how == endReturn {
+		cleaning := &p.lanes[l.rt.lane].counts.cleaning
+		cleaning.Add(1)
+		if l.w.OnClean(func(ok bool) {
+			cleaning.Add(-1)
+			if ok {
+				l.end(endCleaned)
+			} else {
+				l.end(endDestroy)
+			}
+		}) {
+			return nil
+		}
+		cleaning.Add(-1)
 	}
-	if d := time.Until(cancelledAt.Add(cancelSettle)); d > 0 {
-		time.Sleep(d)
+	var hijacked *pgx.Conn
+	l.w.ClearInterrupt()
+	switch how {
+	case endReturn, endCleaned:
+		switch {
+		case l.w.Broken() || l.w.Failed():
+			l.closeConn()
+		case how == endCleaned && l.conn.PgConn().TxStatus() != 'I':
+			// A transaction whose statement was interrupted: roll it back here, on the drain's
+			// goroutine, so that the session is kept.
+			ctx, cancel := context.WithTimeout(context.Background(), p.config.CancelGrace)
+			if _, err := l.conn.Exec(ctx, "rollback"); err != nil {
+				l.closeConn()
+			}
+			cancel()
+		}
+		l.w.Stage("")  // the defaults, before the next statement of whoever comes next
+		l.pc.Release() // pgxpool destroys a connection that is closed, busy or in a transaction
+	case endDestroy:
+		l.closeConn()
+		l.pc.Release()
+	case endHijack:
+		l.w.Stage("")
+		hijacked = l.pc.Hijack()
+		l.srv.open.Add(-1) // out of pgxpool without BeforeClose
+	case endTerminated:
+		// The owner may still be using the *pgx.Conn; only its socket is closed here (net.Conn
+		// allows that while another goroutine reads), and pgxpool never sees it again.
+		_ = l.w.Close()
+		l.pc.Hijack()
+		l.srv.open.Add(-1)
 	}
-	if !l.conn.IsClosed() {
-		_ = l.conn.PgConn().Conn().SetDeadline(time.Time{})
+	srv := l.srv
+	if l.rt.lane != Short {
+		srv.holders.remove(l)
 	}
+	srv.leased.Add(-1)
+	srv.lastUse.Store(l.acquired.UnixNano())
+	if l.fleetSlot >= 0 {
+		p.fleet.release(l.fleetSlot)
+	}
+	srv.res.Release(l.slot)
+	if l.rt.learn || p.obs.any() || l.flagged.Load() {
+		hold := time.Since(l.acquired)
+		if l.rt.learn {
+			p.learned(l, hold)
+		}
+		p.obs.release(ReleaseEvent{Lane: l.rt.lane, Tag: l.rt.tag, Hold: hold, PID: l.pid, Budget: l.budget,
+			Flagged: l.flagged.Load(), CallSite: l.callSite.String()})
+	}
+	return hijacked
 }
 
+// closeConn closes the connection of a lease whose owner is done with it: the socket first, so
+// that pgconn's Terminate fails at once instead of waiting on a dead or frozen server.
 func (l *lease) closeConn() {
-	c := l.pc.Hijack()
-	l.p.open.Add(-1)
-	ctx, cancel := context.WithTimeout(context.Background(), resetTimeout)
-	_ = c.Close(ctx)
+	_ = l.w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	_ = l.conn.Close(ctx)
 	cancel()
 }
 
-// finish frees the slot and reports the hold time. The connection is already back in pgxpool
-// or out of it.
-func (l *lease) finish() {
-	l.p.leased.Add(-1)
-	if l.lane != Short {
-		l.p.holders.remove(l)
+// check is called by every wrapper before it touches the connection: a released lease never
+// reaches its connection again, and one the guard acted on fails at once.
+func (l *lease) check() error {
+	if l.released.Load() {
+		return ErrReleased
 	}
-	l.p.res.Release(l.slot)
-	if l.p.observed() { // reading the clock is not free: only for observers
-		l.p.observeRelease(ReleaseEvent{Lane: l.lane, Tag: l.tag, Hold: time.Since(l.acquired)})
+	if v := l.violation.Load(); v != nil {
+		return v
 	}
+	return nil
+}
+
+// fail turns the error of a call on the lease into what the caller gets: the context's error
+// when the call's context ended while the server was working (the connection is being cleaned),
+// a *BudgetError once the guard acted, and otherwise the error itself, after naming the likely
+// holders of a lock the statement gave up on.
+func (l *lease) fail(err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	isPg := errors.As(err, &pgErr)
+	if isPg && pgErr.Code == "57014" {
+		if cause := l.w.Cause(); cause != nil {
+			var be *BudgetError
+			if errors.As(cause, &be) {
+				return be.with(err)
+			}
+			return &interruptedError{lane: l.rt.lane, cause: cause, err: err}
+		}
+	}
+	if v := l.violation.Load(); v != nil {
+		return v.with(err)
+	}
+	if isPg && pgErr.Code == "57P01" && l.terminating.Load() {
+		// The server's own word that the guard's terminate happened.
+		return l.budgetError(ActionTerminate, time.Since(l.acquired), nil).with(err)
+	}
+	if isPg && pgErr.Code == "55P03" {
+		l.p.blameLockTimeout(l)
+	}
+	return err
 }

@@ -23,43 +23,64 @@ type errRow struct{ err error }
 
 func (e errRow) Scan(dest ...any) error { return e.err }
 
-// leaseRows are the rows of a query on a lease. Rows report most server errors (a lock timeout,
-// a cancel) only when read to the end, so Close looks for a lock timeout to blame, and Err
-// translates errors once the guard acted on the lease. The rows of a pool query (release) also
-// hold their lease until they end: at Close, when Next returns false, or when Scan or Values
-// fail. Those of a transaction, held connection or batch leave it to its owner.
+// leaseRows are the rows of a query on a lease. Their error goes through the lease (fail): the
+// context's error for a read interrupted by its context, a *BudgetError once the guard acted, a
+// lock timeout's holders named. The rows of a pool query (release) hold their lease until they
+// end: at Close, when Next returns false, or when Scan or Values fail; their error is settled
+// then, before the connection may serve someone else. Those of a transaction, held connection
+// or batch leave the lease to its owner, and refuse to read once the owner released it.
 type leaseRows struct {
 	pgx.Rows
 	l       *lease
 	release bool
 	closed  bool
+	err     error // the settled error, once closed; ErrReleased for rows of a released lease
+}
+
+// gone reports whether the rows belong to a lease its owner released: the connection may serve
+// someone else, so the rows must not touch it.
+func (r *leaseRows) gone() bool {
+	if !r.release && !r.closed && r.l.released.Load() {
+		r.closed, r.err = true, ErrReleased
+		return true
+	}
+	return false
 }
 
 func (r *leaseRows) Close() {
-	if r.closed {
+	if r.closed || r.gone() {
 		return
 	}
 	r.closed = true
 	r.Rows.Close()
-	if err := r.Rows.Err(); err != nil {
-		r.l.p.blameLockTimeout(r.l, err)
-	}
+	r.err = r.l.fail(r.Rows.Err())
 	if r.release {
 		r.l.release()
 	}
 }
 
-func (r *leaseRows) Err() error { return r.l.wrap(r.Rows.Err()) }
+func (r *leaseRows) Err() error {
+	if r.closed || r.gone() {
+		return r.err
+	}
+	return r.l.fail(r.Rows.Err())
+}
 
 func (r *leaseRows) Next() bool {
-	n := r.Rows.Next()
-	if !n {
-		r.Close() // pgx has closed them already; this blames and releases once
+	if r.closed || r.gone() {
+		return false
 	}
-	return n
+	if !r.Rows.Next() {
+		r.Close() // pgx has closed them already; this settles the error and releases once
+		return false
+	}
+	return true
 }
 
 func (r *leaseRows) Scan(dest ...any) error {
+	if r.gone() {
+		return r.err
+	}
 	err := r.Rows.Scan(dest...)
 	if err != nil {
 		r.Close()
@@ -68,6 +89,9 @@ func (r *leaseRows) Scan(dest ...any) error {
 }
 
 func (r *leaseRows) Values() ([]any, error) {
+	if r.gone() {
+		return nil, r.err
+	}
 	values, err := r.Rows.Values()
 	if err != nil {
 		r.Close()
@@ -75,37 +99,43 @@ func (r *leaseRows) Values() ([]any, error) {
 	return values, err
 }
 
-// leaseRow is the row of a QueryRow on a lease: Scan blames a lock timeout and translates errors
-// once the guard acted on the lease. A pool QueryRow's row (release) gives the lease back when
-// Scan returns, or panics.
+func (r *leaseRows) Conn() *pgx.Conn {
+	if r.l.released.Load() {
+		return nil
+	}
+	return r.Rows.Conn()
+}
+
+// leaseRow is the row of a QueryRow on a lease. A pool QueryRow's row (release) gives the lease
+// back when Scan returns, or panics, after settling its error.
 type leaseRow struct {
 	r       pgx.Row
 	l       *lease
 	release bool
 }
 
-func (row *leaseRow) Scan(dest ...any) error {
+func (row *leaseRow) Scan(dest ...any) (err error) {
 	if row.release {
 		defer row.l.release()
+	} else if err := row.l.check(); err != nil {
+		return err
 	}
-	err := row.r.Scan(dest...)
-	if err != nil {
-		row.l.p.blameLockTimeout(row.l, err)
-	}
-	return row.l.wrap(err)
+	return row.l.fail(row.r.Scan(dest...))
 }
 
-// poolBatchResults are the results of a batch sent on a lease: by the pool, by a transaction or
-// on a held connection. A pool batch releases its lease at Close, unless it began a transaction,
+// leaseBatch are the results of a batch sent on a lease: by the pool, by a transaction or on a
+// held connection. A pool batch releases its lease at Close, unless it began a transaction,
 // which then owns the lease and releases it on Commit or Rollback.
-type poolBatchResults struct {
+type leaseBatch struct {
 	br      pgx.BatchResults
 	l       *lease
-	release bool    // Close releases l
-	tx      *poolTx // the pool batch's transaction, or nil
-	// hidden is the number of pgxlanes' own queries (the transaction's settings, see SendBatch)
-	// queued after the first one, and reads counts the caller's reads, so that their results are
-	// read and dropped before the caller's second read.
+	release bool     // Close releases l
+	tx      *leaseTx // the pool batch's transaction, or nil
+	closed  bool
+	err     error // Close's error, returned again by a second Close as pgx does
+	// hidden is the number of pgxlanes' own queries (a transaction's SET LOCALs behind a
+	// transaction pooler, see batch.go) queued after the first one, and reads counts the caller's
+	// reads, so that their results are read and dropped before the caller's second read.
 	hidden int
 	reads  int
 }
@@ -113,57 +143,65 @@ type poolBatchResults struct {
 // next skips the hidden results when the caller's next read would get them. Their errors are
 // dropped: pgx gives the caller's own read the batch's error, and that read must be made anyway,
 // since in some exec modes each failed read still takes its query's turn.
-func (br *poolBatchResults) next() {
+func (br *leaseBatch) next() error {
+	if !br.release && br.tx == nil && br.l.released.Load() {
+		return ErrReleased
+	}
 	if br.reads == 1 {
 		for ; br.hidden > 0; br.hidden-- {
 			_, _ = br.br.Exec()
 		}
 	}
 	br.reads++
+	return nil
 }
 
-// Exec, Query, QueryRow and Close blame a lock timeout and translate errors once the guard acted
-// on the lease, as the pool's own calls do.
-func (br *poolBatchResults) Exec() (pgconn.CommandTag, error) {
-	br.next()
+func (br *leaseBatch) Exec() (pgconn.CommandTag, error) {
+	if err := br.next(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
 	ct, err := br.br.Exec()
-	return ct, br.fail(err)
+	return ct, br.l.fail(err)
 }
 
-func (br *poolBatchResults) Query() (pgx.Rows, error) {
-	br.next()
+func (br *leaseBatch) Query() (pgx.Rows, error) {
+	if err := br.next(); err != nil {
+		return errRows{err: err}, err
+	}
 	rows, err := br.br.Query()
 	if err != nil {
-		err = br.fail(err)
+		err = br.l.fail(err)
 		return errRows{err: err}, err
 	}
 	return &leaseRows{Rows: rows, l: br.l}, nil
 }
 
-func (br *poolBatchResults) QueryRow() pgx.Row {
-	br.next()
+func (br *leaseBatch) QueryRow() pgx.Row {
+	if err := br.next(); err != nil {
+		return errRow{err: err}
+	}
 	return &leaseRow{r: br.br.QueryRow(), l: br.l}
 }
 
-func (br *poolBatchResults) Close() error {
-	err := br.br.Close()
+func (br *leaseBatch) Close() error {
+	if br.closed {
+		return br.err
+	}
+	br.closed = true
+	if !br.release && br.tx == nil && br.l.released.Load() {
+		br.err = ErrReleased
+		return br.err
+	}
+	br.err = br.l.fail(br.br.Close())
 	if br.release {
 		br.l.release()
 	}
-	return br.fail(err)
+	return br.err
 }
 
-func (br *poolBatchResults) fail(err error) error {
-	if err == nil {
-		return nil
-	}
-	br.l.p.blameLockTimeout(br.l, err)
-	return br.l.wrap(err)
-}
-
-func (br *poolBatchResults) Tx() pgx.Tx {
+func (br *leaseBatch) Tx() pgx.Tx {
 	if br.tx == nil {
-		return br.br.Tx() // a held connection's batch: the connection's owner holds the lease
+		return br.br.Tx() // a held connection's or transaction's batch: its owner holds the lease
 	}
 	return br.tx
 }

@@ -7,117 +7,167 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// poolTx is a transaction from Pool.Begin: its connection and lane slot are released by Commit or
-// Rollback. Both are safe to call more than once, so defer tx.Rollback(ctx) is fine after Commit.
-// Once the guard cancelled or terminated the transaction for exceeding its budget, every call
-// but Rollback fails with a *BudgetError (errors.Is(err, ErrBudgetExceeded)).
-type poolTx struct {
-	t pgx.Tx
-	l *lease
+// leaseTx is a transaction on a lease: from Pool.Begin (release: Commit and Rollback release the
+// connection, and are safe to call more than once, so defer tx.Rollback(ctx) is fine after
+// Commit), from a held Conn, or a savepoint of either. Once the guard cancelled or terminated the
+// lease for exceeding its budget, every call but Rollback fails with a *BudgetError.
+type leaseTx struct {
+	t       pgx.Tx
+	l       *lease
+	release bool
 }
 
-// Begin starts a pseudo nested transaction (a savepoint).
-func (tx *poolTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := tx.l.over(); err != nil {
+// check refuses a call after the lease ended: for a transaction of the pool's, as pgx does after
+// Commit or Rollback (ErrTxClosed); for one of a held connection, with ErrReleased.
+func (tx *leaseTx) check() error {
+	if tx.l.released.Load() {
+		if tx.release {
+			return pgx.ErrTxClosed
+		}
+		return ErrReleased
+	}
+	return tx.l.check()
+}
+
+// Begin starts a pseudo nested transaction (a savepoint) on the same lease.
+func (tx *leaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := tx.check(); err != nil {
 		return nil, err
 	}
 	t, err := tx.t.Begin(ctx)
-	return t, tx.l.wrap(err)
+	if err != nil {
+		return nil, tx.l.fail(err)
+	}
+	return &leaseTx{t: t, l: tx.l}, nil
 }
 
-// Commit commits and releases the connection. If the guard acted on the transaction, it rolls
-// back instead and returns the *BudgetError.
-func (tx *poolTx) Commit(ctx context.Context) error {
-	if err := tx.l.over(); err != nil {
-		_ = tx.t.Rollback(ctx)
-		tx.l.release()
+// Commit commits, and releases the connection of a transaction of the pool's. If the guard acted
+// on the transaction, or one of its statements was interrupted, it rolls back instead and says so.
+func (tx *leaseTx) Commit(ctx context.Context) error {
+	if err := tx.check(); err != nil {
+		if v := tx.l.violation.Load(); v != nil && !tx.l.released.Load() {
+			return tx.abandon(ctx, v)
+		}
 		return err
 	}
+	if tx.l.w.Draining() {
+		return tx.abandon(ctx, pgx.ErrTxCommitRollback)
+	}
 	err := tx.t.Commit(ctx)
-	tx.l.release()
-	return tx.l.wrap(err)
-}
-
-// Rollback rolls back and releases the connection. After the guard acted on the transaction it
-// returns nil: the server has rolled back (or will, as the session ends).
-func (tx *poolTx) Rollback(ctx context.Context) error {
-	err := tx.t.Rollback(ctx)
-	tx.l.release()
-	if tx.l.over() != nil {
-		return nil
+	err = tx.l.fail(err)
+	if tx.release {
+		tx.l.release()
 	}
 	return err
 }
 
-func (tx *poolTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	if err := tx.l.over(); err != nil {
+// abandon ends a transaction that cannot commit and returns err. The server has rolled it back or
+// will: an interrupted statement aborted it, and the lease's end rolls it back once the
+// connection is clean, off the caller's path.
+func (tx *leaseTx) abandon(ctx context.Context, err error) error {
+	if !tx.release {
+		_ = tx.t.Rollback(ctx) // a held connection's transaction: roll back what the owner began
+		return err
+	}
+	tx.l.release()
+	return err
+}
+
+// Rollback rolls back, and releases the connection of a transaction of the pool's. After the
+// guard acted on the transaction, or while an interrupted statement of it is being cleaned up, it
+// returns nil at once: the server has rolled back or will.
+func (tx *leaseTx) Rollback(ctx context.Context) error {
+	if tx.l.violation.Load() != nil {
+		if tx.release {
+			tx.l.release()
+		} else if !tx.l.released.Load() {
+			_ = tx.t.Rollback(ctx)
+		}
+		return nil
+	}
+	if tx.l.released.Load() {
+		if tx.release {
+			return pgx.ErrTxClosed
+		}
+		return ErrReleased
+	}
+	if tx.release && tx.l.w.Draining() {
+		tx.l.release()
+		return nil
+	}
+	err := tx.t.Rollback(ctx)
+	err = tx.l.fail(err)
+	if tx.release {
+		tx.l.release()
+	}
+	if tx.l.violation.Load() != nil {
+		return nil // the guard acted meanwhile: the server has rolled back or will
+	}
+	return err
+}
+
+func (tx *leaseTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
+	if err := tx.check(); err != nil {
 		return 0, err
 	}
 	n, err := tx.t.CopyFrom(ctx, tableName, columnNames, rowSrc)
-	return n, tx.l.wrap(err)
+	return n, tx.l.fail(err)
 }
 
-func (tx *poolTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := tx.l.over(); err != nil {
+func (tx *leaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := tx.check(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return &poolBatchResults{br: tx.t.SendBatch(ctx, b), l: tx.l}
+	return &leaseBatch{br: tx.t.SendBatch(ctx, b), l: tx.l}
 }
 
-func (tx *poolTx) LargeObjects() pgx.LargeObjects { return tx.t.LargeObjects() }
+func (tx *leaseTx) LargeObjects() pgx.LargeObjects { return tx.t.LargeObjects() }
 
-func (tx *poolTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := tx.l.over(); err != nil {
+func (tx *leaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := tx.check(); err != nil {
 		return nil, err
 	}
 	sd, err := tx.t.Prepare(ctx, name, sql)
-	return sd, tx.l.wrap(err)
+	return sd, tx.l.fail(err)
 }
 
-func (tx *poolTx) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	return exec(tx.l, tx.t.Exec, ctx, sql, arguments)
-}
-
-func (tx *poolTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	return query(tx.l, tx.t.Query, ctx, sql, args)
-}
-
-func (tx *poolTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return queryRow(tx.l, tx.t.QueryRow, ctx, sql, args)
-}
-
-func (tx *poolTx) Conn() *pgx.Conn { return tx.t.Conn() }
-
-// exec, query and queryRow run a statement of a transaction or held connection, failing fast
-// and translating errors once the guard acted on its lease. A lock timeout is blamed on its
-// likely holders, as for the pool's own statements.
-func exec(l *lease, f func(context.Context, string, ...any) (pgconn.CommandTag, error), ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
-	if err := l.over(); err != nil {
+func (tx *leaseTx) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
+	if err := tx.check(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	ct, err := f(ctx, sql, args...)
-	if err != nil {
-		l.p.blameLockTimeout(l, err)
-	}
-	return ct, l.wrap(err)
+	ct, err := tx.t.Exec(ctx, sql, arguments...)
+	return ct, tx.l.fail(err)
 }
 
-func query(l *lease, f func(context.Context, string, ...any) (pgx.Rows, error), ctx context.Context, sql string, args []any) (pgx.Rows, error) {
-	if err := l.over(); err != nil {
+func (tx *leaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := tx.check(); err != nil {
 		return errRows{err: err}, err
 	}
+	return queryOn(tx.l, tx.t.Query, ctx, sql, args)
+}
+
+func (tx *leaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := tx.check(); err != nil {
+		return errRow{err: err}
+	}
+	return &leaseRow{r: tx.t.QueryRow(ctx, sql, args...), l: tx.l}
+}
+
+// Conn returns the underlying *pgx.Conn. It panics once the lease ended, when the connection
+// may serve another caller.
+func (tx *leaseTx) Conn() *pgx.Conn {
+	if tx.l.released.Load() {
+		panic("pgxlanes: Tx.Conn called after the transaction's connection was released")
+	}
+	return tx.t.Conn()
+}
+
+// queryOn runs a query of a transaction or held connection; its rows leave the lease to its owner.
+func queryOn(l *lease, f func(context.Context, string, ...any) (pgx.Rows, error), ctx context.Context, sql string, args []any) (pgx.Rows, error) {
 	rows, err := f(ctx, sql, args...)
 	if err != nil {
-		l.p.blameLockTimeout(l, err)
-		err = l.wrap(err)
+		err = l.fail(err)
 		return errRows{err: err}, err
 	}
 	return &leaseRows{Rows: rows, l: l}, nil
-}
-
-func queryRow(l *lease, f func(context.Context, string, ...any) pgx.Row, ctx context.Context, sql string, args []any) pgx.Row {
-	if err := l.over(); err != nil {
-		return errRow{err: err}
-	}
-	return &leaseRow{r: f(ctx, sql, args...), l: l}
 }

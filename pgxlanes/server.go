@@ -1,0 +1,41 @@
+package pgxlanes
+
+import (
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlanes/pgxlanes/internal/reserve"
+)
+
+// server is a PostgreSQL server the pool's lanes use: the primary, where every lane is unless
+// LaneConfig.Server aims Long elsewhere (a read replica), and that other server. Each has its
+// pgxpool, the admission of the lanes on it (a lane borrows only connections of its own server),
+// its guard session, its lock-holder registry and its counts.
+type server struct {
+	pool    *pgxpool.Pool
+	res     *reserve.Pool
+	term    *terminator
+	holders holders
+	sql     sessionSQL // the session defaults are those in this server's startup packet
+
+	// open counts pgxpool's connections (AfterConnect to BeforeClose or hijack) and leased those
+	// handed to leases; open > leased means a connection is idle, so pgxpool will not dial.
+	open   atomic.Int64
+	leased atomic.Int64
+	// lastUse is when the most recently ended lease had been acquired (unix nanoseconds): if it
+	// is old, the idle connection pgxpool hands out next may be pinged first.
+	lastUse atomic.Int64
+}
+
+// lanesOn returns the lanes on the primary, and those aimed at another server.
+func (c *Config) lanesOn() (primary, remote []Lane) {
+	for _, l := range Lanes() {
+		if c.Lane(l).Server != nil {
+			remote = append(remote, l)
+		} else {
+			primary = append(primary, l)
+		}
+	}
+	return primary, remote
+}
