@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/metrics"
 )
 
@@ -141,6 +142,7 @@ func TestAlertRulesFile(t *testing.T) {
 	for _, want := range []string{
 		"PgxlanesShortLaneWaitHigh", "PgxlanesAcquireTimeoutRateHigh", "PgxlanesOldestWaiterOld",
 		"PgxlanesWaitersPersistent", "PgxlanesBudgetViolations", "PgxlanesPoolUtilisationHigh",
+		"PgxlanesBudgetTerminateFailures", "PgxlanesConnectionsStuckCleaning",
 	} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("alerts.yml has no alert %s", want)
@@ -150,14 +152,7 @@ func TestAlertRulesFile(t *testing.T) {
 
 // TestAlertRulesPromtool validates docs/alerts.yml and runs its unit tests with promtool.
 func TestAlertRulesPromtool(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		msg := "promtool not on PATH: install the Debian package prometheus (or Prometheus's release tarball) to check docs/alerts.yml and run docs/alerts_test.yml"
-		if os.Getenv("CI") != "" {
-			t.Fatal(msg + " (.ci/run installs it)")
-		}
-		t.Skip(msg)
-	}
+	promtool := pgserver.RequireTool(t, "promtool", "prometheus")
 	for _, args := range [][]string{{"check", "rules", "alerts.yml"}, {"test", "rules", "alerts_test.yml"}} {
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = docsDir
@@ -233,6 +228,7 @@ func TestDashboard(t *testing.T) {
 	for _, m := range []string{
 		"pgxlanes_lane_in_use_connections", "pgxlanes_lane_waiters", "pgxlanes_lane_oldest_wait_seconds",
 		"pgxlanes_acquire_timeouts_total", "pgxlanes_acquire_rejections_total", "pgxlanes_budget_violations_total",
+		"pgxlanes_lane_cleaning_connections", "pgxlanes_budget_terminate_failures_total", "pgxlanes_learning_demoted_statements",
 	} {
 		if len(uses[m]) == 0 {
 			t.Errorf("no panel shows %s", m)

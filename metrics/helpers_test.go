@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/pgxlanes/pgxlanes/internal/promtest"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -65,66 +66,23 @@ func registry(t testing.TB, c prometheus.Collector) *prometheus.Registry {
 	return reg
 }
 
-// find gathers g and returns the metric called name whose labels include want, failing t unless
-// exactly one matches.
-func find(t testing.TB, g prometheus.Gatherer, name string, want map[string]string) *dto.Metric {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("gather: %v", err)
-	}
-	var found []*dto.Metric
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			have := labelMap(m)
-			for k, v := range want {
-				if have[k] != v {
-					continue metrics
-				}
-			}
-			found = append(found, m)
-		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("%s%v: found %d series, want 1", name, want, len(found))
-	}
-	return found[0]
-}
-
-func labelMap(m *dto.Metric) map[string]string {
-	l := map[string]string{}
-	for _, lp := range m.GetLabel() {
-		l[lp.GetName()] = lp.GetValue()
-	}
-	return l
-}
-
-// value returns the value of a counter or gauge.
+// value returns the value of the counter or gauge called name whose labels include labels; it
+// fails t unless exactly one series matches.
 func value(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	m := find(t, g, name, labels)
-	switch {
-	case m.Counter != nil:
-		return m.GetCounter().GetValue()
-	case m.Gauge != nil:
-		return m.GetGauge().GetValue()
-	}
-	t.Fatalf("%s%v is neither a counter nor a gauge", name, labels)
-	return 0
+	return promtest.Value(t, promtest.Gather(t, g), name, labels)
 }
 
 // histogram returns the sample count and sum of a histogram.
 func histogram(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) (uint64, float64) {
 	t.Helper()
-	h := find(t, g, name, labels).GetHistogram()
-	if h == nil {
-		t.Fatalf("%s%v is not a histogram", name, labels)
-	}
-	return h.GetSampleCount(), h.GetSampleSum()
+	return promtest.Histogram(t, promtest.Gather(t, g), name, labels)
+}
+
+// find returns the one series called name whose labels include labels.
+func find(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	return promtest.Find(t, promtest.Gather(t, g), name, labels)
 }
 
 // lane returns the labels selecting lane l.
@@ -144,7 +102,7 @@ func familyLabels(t testing.TB, g prometheus.Gatherer) map[string]string {
 			continue
 		}
 		var names []string
-		for k := range labelMap(mf.GetMetric()[0]) {
+		for k := range promtest.Labels(mf.GetMetric()[0]) {
 			names = append(names, k)
 		}
 		sort.Strings(names)

@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"context"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,31 +14,22 @@ const (
 	tagOther = "other"
 )
 
-// actions are the budget actions, in the order of their series in laneSeries.violations.
-var actions = [...]pgxlanes.Action{pgxlanes.ActionFlag, pgxlanes.ActionCancel, pgxlanes.ActionTerminate}
-
-// observer turns the pool's events into histogram observations and counter increments. Every
-// series it touches on the hot path is resolved in newObserver, so an event costs a few atomic
-// adds and no allocation.
+// observer turns the pool's acquire and release events into the two histograms, the only
+// metrics a Stat snapshot cannot give. Every series it touches on the hot path is resolved in
+// newObserver, so an event costs a map lookup (with tags), a few atomic adds and no allocation.
 type observer struct {
-	// tagIndex maps an allow-listed tag to its index in series[lane]; nil when the metrics have
-	// no tag label, in which case every event uses index 0.
+	// tagIndex maps an allow-listed tag to its index in series[lane]; nil when the histograms
+	// have no tag label, in which case every event uses index 0.
 	tagIndex map[string]int
 	// series[lane][tag] holds the resolved series of one lane and tag value.
 	series [][]laneSeries
 
-	wait, hold                                     *prometheus.HistogramVec
-	acquires, timeouts, rejections, cancels, fails *prometheus.CounterVec
-	warnings, violations                           *prometheus.CounterVec
+	wait, hold *prometheus.HistogramVec
 }
 
 // laneSeries are the series of one lane and tag value.
 type laneSeries struct {
 	wait, hold prometheus.Observer
-
-	acquires, timeouts, rejections, cancels, fails prometheus.Counter
-	warnings                                       prometheus.Counter
-	violations                                     [len(actions)]prometheus.Counter
 }
 
 // waitBuckets resolve acquire waits from 100 µs (a free connection) to 30 s (beyond any sane
@@ -77,10 +66,6 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 			tagValues = append(tagValues, t)
 		}
 	}
-	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: constLabels},
-			append(append([]string(nil), labels...), extra...))
-	}
 	ob := &observer{
 		tagIndex: tagIndex,
 		wait: prometheus.NewHistogramVec(histogramOpts("pgxlanes_acquire_wait_seconds",
@@ -89,14 +74,6 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 		hold: prometheus.NewHistogramVec(histogramOpts("pgxlanes_hold_seconds",
 			"Time a lease held its connection, from ready to released (rows closed, transaction ended, connection released).",
 			holdBuckets, constLabels), labels),
-		acquires:   counter("pgxlanes_acquires_total", "Successful acquires."),
-		timeouts:   counter("pgxlanes_acquire_timeouts_total", "Acquires that failed because the lane's acquire timeout ran out (ErrAcquireTimeout)."),
-		rejections: counter("pgxlanes_acquire_rejections_total", "Acquires refused at once because the lane's wait queue was full (ErrLaneFull)."),
-		cancels:    counter("pgxlanes_acquire_cancellations_total", "Acquires abandoned because the caller's context was cancelled or its deadline passed."),
-		fails:      counter("pgxlanes_acquire_errors_total", "Acquires that failed for any other reason: pool closed, connection or session setup error."),
-		warnings:   counter("pgxlanes_budget_warnings_total", "Leases that passed half their budget, a warning before they are cancelled or terminated at the budget."),
-		violations: counter("pgxlanes_budget_violations_total", "Leases that exceeded their budget, by the action taken (flag, cancel, terminate)."+
-			" A lease that is cancelled and later terminated counts once for each.", "action"),
 	}
 	ob.series = make([][]laneSeries, len(lanes))
 	for _, l := range lanes {
@@ -106,27 +83,10 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 			if tagIndex != nil {
 				lv = append(lv, tv)
 			}
-			s := &ob.series[l][ti]
-			s.wait = ob.wait.WithLabelValues(lv...)
-			s.hold = ob.hold.WithLabelValues(lv...)
-			s.acquires = ob.acquires.WithLabelValues(lv...)
-			s.timeouts = ob.timeouts.WithLabelValues(lv...)
-			s.rejections = ob.rejections.WithLabelValues(lv...)
-			s.cancels = ob.cancels.WithLabelValues(lv...)
-			s.fails = ob.fails.WithLabelValues(lv...)
-			s.warnings = ob.warnings.WithLabelValues(lv...)
-			for ai, a := range actions {
-				s.violations[ai] = ob.violations.WithLabelValues(append(lv, a.String())...)
-			}
+			ob.series[l][ti] = laneSeries{wait: ob.wait.WithLabelValues(lv...), hold: ob.hold.WithLabelValues(lv...)}
 		}
 	}
 	return ob
-}
-
-// collectors are the vectors the observer feeds, for the collector's Describe and Collect.
-func (ob *observer) collectors() []prometheus.Collector {
-	return []prometheus.Collector{ob.wait, ob.hold, ob.acquires, ob.timeouts, ob.rejections, ob.cancels, ob.fails,
-		ob.warnings, ob.violations}
 }
 
 // lookup returns the series of lane l and tag, or nil for a lane the collector does not know
@@ -146,24 +106,11 @@ func (ob *observer) lookup(l pgxlanes.Lane, tag string) *laneSeries {
 	return &ob.series[l][ti]
 }
 
-// ObserveAcquire records the wait of every acquire and counts its outcome.
+// ObserveAcquire records the wait of every acquire, whatever its outcome: leaving the failures
+// out would hide starvation. The outcomes are counted by the pool (LaneStat).
 func (ob *observer) ObserveAcquire(e pgxlanes.AcquireEvent) {
-	s := ob.lookup(e.Lane, e.Tag)
-	if s == nil {
-		return
-	}
-	s.wait.Observe(e.Wait.Seconds())
-	switch err := e.Err; {
-	case err == nil:
-		s.acquires.Inc()
-	case errors.Is(err, pgxlanes.ErrAcquireTimeout):
-		s.timeouts.Inc()
-	case errors.Is(err, pgxlanes.ErrLaneFull):
-		s.rejections.Inc()
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		s.cancels.Inc()
-	default:
-		s.fails.Inc()
+	if s := ob.lookup(e.Lane, e.Tag); s != nil {
+		s.wait.Observe(e.Wait.Seconds())
 	}
 }
 
@@ -174,45 +121,4 @@ func (ob *observer) ObserveRelease(e pgxlanes.ReleaseEvent) {
 	}
 }
 
-// ObserveViolation counts a budget violation by its action. The pool also reports the warning
-// a lease of a cancel or terminate lane gets at half its budget (Violation.Warning): that one is
-// counted as a warning, not a violation, so that a violation counts a lease over its budget.
-func (ob *observer) ObserveViolation(v pgxlanes.Violation) {
-	s := ob.lookup(v.Lane, v.Tag)
-	if s == nil {
-		return
-	}
-	if v.Warning {
-		s.warnings.Inc()
-		return
-	}
-	for i, a := range actions {
-		if a == v.Action {
-			s.violations[i].Inc()
-			return
-		}
-	}
-	// An action added to pgxlanes after this package was written: count it all the same, on the
-	// slow path (violations are rare).
-	lv := []string{v.Lane.String()}
-	if ob.tagIndex != nil {
-		lv = append(lv, ob.tagValue(v.Tag))
-	}
-	ob.violations.WithLabelValues(append(lv, v.Action.String())...).Inc()
-}
-
-// tagValue returns the label value for tag.
-func (ob *observer) tagValue(tag string) string {
-	if tag == "" {
-		return tagNone
-	}
-	if _, ok := ob.tagIndex[tag]; ok {
-		return tag
-	}
-	return tagOther
-}
-
-var (
-	_ pgxlanes.Observer          = (*observer)(nil)
-	_ pgxlanes.ViolationObserver = (*observer)(nil)
-)
+var _ pgxlanes.Observer = (*observer)(nil)
