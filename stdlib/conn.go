@@ -1,0 +1,351 @@
+package stdlib
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// rollbackTimeout bounds a rollback whose transaction's ctx has ended, and the rollback of a
+// transaction left open on a connection that database/sql closes.
+const rollbackTimeout = 5 * time.Second
+
+// querier is what a statement runs on: the pool (a lease per statement), a pinned held
+// connection, or a transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Conn is a database/sql driver connection on a pgxlanes pool. Between calls it holds nothing
+// of the pool, unless it is pinned (see the package documentation) or a transaction is open.
+// database/sql uses it from one goroutine at a time, and so do its fields' rules.
+type Conn struct {
+	pool     *pgxlanes.Pool
+	defaults pgxlanes.Annotations // the connector's: OptionPinLane
+
+	// checkout is what the ctx said that database/sql took the connection out with (Connect,
+	// ResetSession), merged with defaults; it applies to calls whose ctx lacks it. IsValid,
+	// called when database/sql takes the connection back, ends the checkout.
+	checkout pgxlanes.Annotations
+	held     *pgxlanes.Conn // the pinned connection, until the checkout ends
+	tx       pgx.Tx         // the open transaction: on its own lease, or inside held
+	closed   bool
+}
+
+// checkOut starts a checkout with the annotations of ctx.
+func (c *Conn) checkOut(ctx context.Context) {
+	c.checkout = pgxlanes.AnnotationsFrom(ctx)
+	if !c.checkout.LaneSet {
+		c.checkout.Lane, c.checkout.LaneSet = c.defaults.Lane, c.defaults.LaneSet
+	}
+}
+
+// callCtx returns ctx with the checkout's annotations where ctx has none of its own, and whether
+// a lane is named: a statement then pins a connection of that lane.
+func (c *Conn) callCtx(ctx context.Context) (context.Context, bool) {
+	a := pgxlanes.AnnotationsFrom(ctx)
+	co := c.checkout
+	if !a.LaneSet && co.LaneSet {
+		ctx, a.LaneSet = pgxlanes.WithLane(ctx, co.Lane), true
+	}
+	if a.Budget == 0 && co.Budget != 0 {
+		ctx = pgxlanes.WithBudget(ctx, co.Budget)
+	}
+	if a.Tag == "" && co.Tag != "" {
+		ctx = pgxlanes.WithTag(ctx, co.Tag)
+	}
+	return ctx, a.LaneSet
+}
+
+// route returns where a statement of ctx runs, and the ctx to run it with: the open
+// transaction, the pinned connection, a connection it pins now (ctx or the checkout names a
+// lane), or the pool, which takes a lease for the statement alone.
+func (c *Conn) route(ctx context.Context) (context.Context, querier, error) {
+	switch {
+	case c.closed:
+		return nil, nil, driver.ErrBadConn
+	case c.tx != nil:
+		return ctx, c.tx, nil
+	case c.held != nil:
+		return ctx, c.held, nil
+	}
+	ctx, pin := c.callCtx(ctx)
+	if !pin {
+		return ctx, c.pool, nil
+	}
+	held, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.held = held
+	return ctx, held, nil
+}
+
+// unpin releases the pinned connection, if any.
+func (c *Conn) unpin() {
+	if c.held != nil {
+		c.held.Release()
+		c.held = nil
+	}
+}
+
+// badConn turns an error that left the request unsent into driver.ErrBadConn, so that
+// database/sql retries a db call on another connection, as pgx's stdlib does.
+func badConn(err error) error {
+	if pgconn.SafeToRetry(err) {
+		return driver.ErrBadConn
+	}
+	return err
+}
+
+func (c *Conn) ExecContext(ctx context.Context, query string, argsV []driver.NamedValue) (driver.Result, error) {
+	ctx, q, err := c.route(ctx)
+	if err != nil {
+		return nil, err
+	}
+	args := make([]any, len(argsV))
+	convertNamedArguments(args, argsV)
+	ct, err := q.Exec(ctx, query, args...)
+	if err != nil {
+		return nil, badConn(err)
+	}
+	return driver.RowsAffected(ct.RowsAffected()), nil
+}
+
+// QueryContext runs query and reads its first row, as pgx's stdlib does, so that an error of the
+// statement is returned here. The lease of an unpinned connection is held until the rows are
+// closed or read to the end.
+func (c *Conn) QueryContext(ctx context.Context, query string, argsV []driver.NamedValue) (driver.Rows, error) {
+	ctx, q, err := c.route(ctx)
+	if err != nil {
+		return nil, err
+	}
+	args := make([]any, 1+len(argsV))
+	args[0] = databaseSQLResultFormats
+	convertNamedArguments(args[1:], argsV)
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, badConn(err)
+	}
+	return newRows(rows)
+}
+
+// Ping checks a connection of the Short lane (or the lane named), or the pinned one.
+func (c *Conn) Ping(ctx context.Context) error {
+	ctx, q, err := c.route(ctx)
+	if err != nil {
+		return err
+	}
+	switch q := q.(type) {
+	case *pgxlanes.Pool:
+		return badConn(q.Ping(ctx))
+	case *pgxlanes.Conn:
+		if err := q.Ping(ctx); err != nil {
+			if q.Conn().IsClosed() {
+				return driver.ErrBadConn
+			}
+			return err
+		}
+		return nil
+	default: // a transaction: what pgconn's Ping sends
+		_, err := q.Exec(ctx, "-- ping")
+		return err
+	}
+}
+
+// BeginTx begins a transaction: inside the pinned connection if there is one, otherwise on a
+// lease of its own from Pool.BeginTx, on Tx or the lane ctx (or the checkout) names, with that
+// lane's settings and budget. As with database/sql, ctx bounds the whole transaction: when it
+// ends, database/sql rolls back.
+func (c *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	switch {
+	case c.closed:
+		return nil, driver.ErrBadConn
+	case c.tx != nil:
+		return nil, errors.New("pgxlanes/stdlib: BeginTx: a transaction is already open on this connection")
+	}
+	txo, err := txOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	var tx pgx.Tx
+	if c.held != nil {
+		tx, err = c.held.BeginTx(ctx, txo)
+	} else {
+		lctx, _ := c.callCtx(ctx)
+		tx, err = c.pool.BeginTx(lctx, txo)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c.tx = tx
+	return &wrapTx{c: c, ctx: ctx}, nil
+}
+
+// txOptions converts database/sql's transaction options as pgx's stdlib does.
+func txOptions(opts driver.TxOptions) (pgx.TxOptions, error) {
+	var o pgx.TxOptions
+	switch sql.IsolationLevel(opts.Isolation) {
+	case sql.LevelDefault:
+	case sql.LevelReadUncommitted:
+		o.IsoLevel = pgx.ReadUncommitted
+	case sql.LevelReadCommitted:
+		o.IsoLevel = pgx.ReadCommitted
+	case sql.LevelRepeatableRead, sql.LevelSnapshot:
+		o.IsoLevel = pgx.RepeatableRead
+	case sql.LevelSerializable:
+		o.IsoLevel = pgx.Serializable
+	default:
+		return o, fmt.Errorf("pgxlanes/stdlib: BeginTx: unsupported isolation level %v", sql.IsolationLevel(opts.Isolation))
+	}
+	if opts.ReadOnly {
+		o.AccessMode = pgx.ReadOnly
+	}
+	return o, nil
+}
+
+func (c *Conn) Begin() (driver.Tx, error) { return c.BeginTx(context.Background(), driver.TxOptions{}) }
+
+// PrepareContext returns a statement that runs query on the connection like ExecContext and
+// QueryContext. Nothing is prepared on the server here (see the package documentation).
+func (c *Conn) PrepareContext(_ context.Context, query string) (driver.Stmt, error) {
+	if c.closed {
+		return nil, driver.ErrBadConn
+	}
+	return &Stmt{c: c, query: query}, nil
+}
+
+func (c *Conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+// CheckNamedValue passes every argument through: pgx encodes driver.Valuer, sql.Scanner's
+// counterparts and its own types natively, as with pgx's stdlib.
+func (c *Conn) CheckNamedValue(*driver.NamedValue) error { return nil }
+
+// ResetSession starts a checkout: database/sql calls it with the ctx of the call that takes the
+// connection out of its pool again.
+func (c *Conn) ResetSession(ctx context.Context) error {
+	if c.closed || c.tx != nil || c.held != nil {
+		return driver.ErrBadConn // cannot happen: IsValid ended the last checkout
+	}
+	c.checkOut(ctx)
+	return nil
+}
+
+// IsValid ends a checkout: database/sql calls it whenever it takes the connection back. The
+// pinned connection, if any, goes back to the pool, so database/sql's idle connections hold no
+// lane capacity.
+func (c *Conn) IsValid() bool {
+	if c.tx != nil {
+		return false // cannot happen: database/sql takes a connection back after its transaction; Close ends it
+	}
+	c.unpin()
+	c.checkout = c.defaults
+	return !c.closed
+}
+
+// Close rolls back a transaction left open, if any, and releases the pinned connection.
+func (c *Conn) Close() error {
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.tx != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+		_ = c.tx.Rollback(ctx)
+		cancel()
+		c.tx = nil
+	}
+	c.unpin()
+	return nil
+}
+
+// wrapTx is a transaction as database/sql sees it.
+type wrapTx struct {
+	c   *Conn
+	ctx context.Context
+}
+
+func (w *wrapTx) Commit() error {
+	tx := w.c.tx
+	if tx == nil {
+		return sql.ErrTxDone
+	}
+	w.c.tx = nil
+	return tx.Commit(w.ctx)
+}
+
+// Rollback rolls back. database/sql calls it when the transaction's ctx ends, too: the rollback
+// then runs on a ctx of its own, bounded by rollbackTimeout, so that the server session is kept
+// (pgx closes a connection whose rollback failed).
+func (w *wrapTx) Rollback() error {
+	tx := w.c.tx
+	if tx == nil {
+		return sql.ErrTxDone
+	}
+	w.c.tx = nil
+	ctx := w.ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+	}
+	return tx.Rollback(ctx)
+}
+
+// Stmt is a prepared statement: its text, run on its connection per call.
+type Stmt struct {
+	c     *Conn
+	query string
+}
+
+func (s *Stmt) Close() error { return nil }
+
+// NumInput is -1: nothing was prepared, so the argument count is not known here.
+func (s *Stmt) NumInput() int { return -1 }
+
+func (s *Stmt) Exec([]driver.Value) (driver.Result, error) {
+	return nil, errors.New("pgxlanes/stdlib: Stmt.Exec is deprecated and not implemented")
+}
+
+func (s *Stmt) Query([]driver.Value) (driver.Rows, error) {
+	return nil, errors.New("pgxlanes/stdlib: Stmt.Query is deprecated and not implemented")
+}
+
+func (s *Stmt) ExecContext(ctx context.Context, argsV []driver.NamedValue) (driver.Result, error) {
+	return s.c.ExecContext(ctx, s.query, argsV)
+}
+
+func (s *Stmt) QueryContext(ctx context.Context, argsV []driver.NamedValue) (driver.Rows, error) {
+	return s.c.QueryContext(ctx, s.query, argsV)
+}
+
+func convertNamedArguments(args []any, argsV []driver.NamedValue) {
+	for i, v := range argsV {
+		args[i] = v.Value
+	}
+}
+
+var (
+	_ driver.Conn               = (*Conn)(nil)
+	_ driver.ConnBeginTx        = (*Conn)(nil)
+	_ driver.ConnPrepareContext = (*Conn)(nil)
+	_ driver.ExecerContext      = (*Conn)(nil)
+	_ driver.QueryerContext     = (*Conn)(nil)
+	_ driver.Pinger             = (*Conn)(nil)
+	_ driver.SessionResetter    = (*Conn)(nil)
+	_ driver.Validator          = (*Conn)(nil)
+	_ driver.NamedValueChecker  = (*Conn)(nil)
+	_ driver.StmtExecContext    = (*Stmt)(nil)
+	_ driver.StmtQueryContext   = (*Stmt)(nil)
+)
