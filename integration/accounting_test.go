@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -121,7 +121,7 @@ func TestCloseWakesWaiters(t *testing.T) {
 			errc <- err
 		}()
 	}
-	harness.Eventually(t, 5*time.Second, "3 waiters queued", func() bool { return p.Stat().Lane(pgxlanes.Tx).Waiting == 3 })
+	pgserver.Eventually(t, 5*time.Second, "3 waiters queued", func() bool { return p.Stat().Lane(pgxlanes.Tx).Waiting == 3 })
 	closed := make(chan struct{})
 	go func() { p.Close(); close(closed) }()
 	for range 3 {
@@ -148,6 +148,12 @@ func TestCancellationPathsLeakNothing(t *testing.T) {
 	ctx := context.Background()
 	p, err := pgxlanes.New(ctx, withParams(newDB(t, 10), "pool_max_conns=3&lane_tx_acquire_timeout=30ms"))
 	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// Open a connection first: the 30ms acquire timeout also bounds a dial, which a loaded
+	// machine can take longer than.
+	if err := p.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
 	held, err := p.Begin(ctx)

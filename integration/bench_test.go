@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -181,7 +181,7 @@ func runClients(b *testing.B, clients int, f func() error) {
 // BenchmarkSelect1 is a round trip of SELECT 1 through QueryRow().Scan: the whole cost of a
 // short query, acquire and release included, with 1, 8 and 64 clients on 8 connections.
 func BenchmarkSelect1(b *testing.B) {
-	dsn := harness.NewDatabase(b)
+	dsn := pgserver.NewDatabase(b)
 	ctx := context.Background()
 	selectOne := func(p benchPool) error {
 		var n int
@@ -203,7 +203,7 @@ func BenchmarkSelect1(b *testing.B) {
 // the Tx lane, which sets the lane's timeouts on the session and resets them on release (two round
 // trips).
 func BenchmarkAcquireRelease(b *testing.B) {
-	dsn := harness.NewDatabase(b)
+	dsn := pgserver.NewDatabase(b)
 	ctx := context.Background()
 	acq := func(p benchPool) error { return p.acquireRelease(ctx) }
 	for _, impl := range append(benchImpls, benchImpl{"pgxlanes-txlane", openLanes(pgxlanes.Tx)}) {

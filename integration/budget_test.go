@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -128,7 +128,7 @@ func TestTerminateIdleTransaction(t *testing.T) {
 		t.Fatalf("lock released %s after the budget ran out, want within (0, 2s]", reaction)
 	}
 	// The guard frees the slot once the server confirms the backend is gone.
-	harness.Eventually(t, time.Second, "backend gone and slot freed", func() bool {
+	pgserver.Eventually(t, time.Second, "backend gone and slot freed", func() bool {
 		return !backendAlive(t, pid) && p.Stat().Lane(pgxlanes.Tx).InUse == 0
 	})
 	// A short UPDATE of the row succeeds right away.
@@ -224,6 +224,9 @@ func TestShortBudgetCancels(t *testing.T) {
 	if !errors.Is(err, pgxlanes.ErrBudgetExceeded) || sqlState(err) != "57014" || took > 3*time.Second {
 		t.Fatalf("after %s: %v, want ErrBudgetExceeded wrapping 57014 at about 300ms", took, err)
 	}
+	// The caller got control back at once; the connection is cleaned in the background, its
+	// slot held meanwhile, and then kept.
+	lanesIdle(t, p, "after the cancelled statement")
 	if err := p.QueryRow(ctx, "select 1").Scan(new(int)); err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +473,7 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 		t.Fatalf("update: %v, want a lock timeout", err)
 	}
 	var rec map[string]any
-	harness.Eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
+	pgserver.Eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
 		for _, r := range logs.records(t) {
 			if r["msg"] == "pgxlanes: lock timeout; likely holders" {
 				rec = r
@@ -567,7 +570,7 @@ func TestLockTimeoutBlamedOnEveryPath(t *testing.T) {
 		if err := path.run(pgxlanes.WithTag(ctx, path.tag)); sqlState(err) != "55P03" {
 			t.Fatalf("%s: %v, want a lock timeout", path.tag, err)
 		}
-		harness.Eventually(t, 5*time.Second, path.tag+": a lock-holder line", func() bool {
+		pgserver.Eventually(t, 5*time.Second, path.tag+": a lock-holder line", func() bool {
 			for _, r := range logs.records(t) {
 				if r["msg"] != "pgxlanes: lock timeout; likely holders" || r["tag"] != path.tag {
 					continue

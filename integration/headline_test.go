@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,56 +24,60 @@ type db interface {
 // It returns the lookups' latencies.
 func headline(t *testing.T, p db, txHolders int, hold, duration time.Duration) *latencies {
 	t.Helper()
+	return headlineLoad(t, txHolders, hold, duration,
+		func(ctx context.Context, id int) error {
+			return pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
+				if err := tx.QueryRow(ctx, "select v from items where id = $1 for update", id).Scan(new(int)); err != nil {
+					return err
+				}
+				time.Sleep(hold) // application work while the row stays locked
+				return nil
+			})
+		},
+		func(ctx context.Context, id int) error {
+			return p.QueryRow(ctx, "select v from items where id = $1", id).Scan(new(int))
+		})
+}
+
+// headlineLoad is the headline's workload over any client: txHolders goroutines call lockRow (a
+// transaction that locks row i+1 and holds it) over and over, and 8 goroutines call lookup on rows
+// 100 to 999, measured.
+func headlineLoad(t *testing.T, txHolders int, hold, duration time.Duration,
+	lockRow, lookup func(ctx context.Context, id int) error) *latencies {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), duration+hold+10*time.Second)
 	defer cancel()
 	stop := time.Now().Add(duration)
 	var wg sync.WaitGroup
 	for i := range txHolders {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for time.Now().Before(stop) {
-				err := pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-					var v int
-					if err := tx.QueryRow(ctx, "select v from items where id = $1 for update", i+1).Scan(&v); err != nil {
-						return err
-					}
-					time.Sleep(hold) // application work while the row stays locked
-					return nil
-				})
-				if err != nil {
+				if err := lockRow(ctx, i+1); err != nil {
 					time.Sleep(10 * time.Millisecond) // a lane's acquire timeout: try again
 				}
 			}
-		}()
+		})
 	}
 	time.Sleep(300 * time.Millisecond) // let the transactions fill the pool
 	lat := &latencies{}
-	var failed int
-	var mu sync.Mutex
+	var failed atomic.Int64
 	for c := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(c), 1))
 			for time.Now().Before(stop) {
 				start := time.Now()
-				var v int
-				err := p.QueryRow(ctx, "select v from items where id = $1", 100+rng.IntN(900)).Scan(&v)
-				if err != nil {
-					mu.Lock()
-					failed++
-					mu.Unlock()
+				if err := lookup(ctx, 100+rng.IntN(900)); err != nil {
+					failed.Add(1)
 					continue
 				}
 				lat.add(time.Since(start))
 				time.Sleep(5 * time.Millisecond) // a steady stream, not a CPU hog
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	if failed > 0 {
-		t.Logf("%d lookups failed", failed)
+	if n := failed.Load(); n > 0 {
+		t.Logf("%d lookups failed", n)
 	}
 	return lat
 }
@@ -102,6 +107,9 @@ func TestHeadlineShortQueriesNotBlockedByTransactions(t *testing.T) {
 		ln, fmtDur(lp99), fmtDur(lanesLat.max()), fmtDur(maxWait), fmtDur(txWaits))
 	t.Logf("pgxpool:  %d lookups, p99 %s, max %s; ratio p99 pgxpool/pgxlanes = %.0f×", pn, fmtDur(pp99), fmtDur(plainLat.max()),
 		float64(pp99)/float64(max(lp99, time.Microsecond)))
+	figure(t, "headline.pgxlanes_p99_ms", ms(lp99))
+	figure(t, "headline.pgxpool_p99_ms", ms(pp99))
+	figure(t, "headline.ratio", float64(pp99)/float64(max(lp99, time.Microsecond)))
 
 	if ln < 100 {
 		t.Fatalf("pgxlanes completed only %d lookups", ln)

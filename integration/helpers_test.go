@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -30,7 +30,7 @@ func withParams(dsn, params string) string {
 // newDB returns the DSN of a fresh database with a table items(id, v) of n rows.
 func newDB(t testing.TB, n int) string {
 	t.Helper()
-	dsn := harness.NewDatabase(t)
+	dsn := pgserver.NewDatabase(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -116,7 +116,7 @@ func (o *waitObserver) ObserveRelease(pgxlanes.ReleaseEvent) {}
 func sessions(t testing.TB, dsn string) int64 {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, harness.DSN(t))
+	conn, err := pgx.Connect(ctx, pgserver.DSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,15 +147,20 @@ func sessions(t testing.TB, dsn string) int64 {
 // lanesIdle fails t unless no lane holds a slot or has a waiter, and pgxpool has no connection
 // acquired. pgxpool destroys a broken connection in the background and counts it as acquired
 // until then, so its count is given a moment to settle; the lanes' count must be exact at once.
+// lanesIdle checks that every lane is back to zero. A connection whose request was interrupted
+// keeps its slot while it is cleaned (at most Config.CancelGrace), so the check waits that long.
 func lanesIdle(t testing.TB, p *pgxlanes.Pool, when string) {
 	t.Helper()
-	st := p.Stat()
-	for _, l := range pgxlanes.Lanes() {
-		if ls := st.Lane(l); ls.InUse != 0 || ls.Waiting != 0 {
-			t.Fatalf("%s: %s lane holds %d slots, %d waiting", when, l, ls.InUse, ls.Waiting)
+	pgserver.Eventually(t, p.Config().CancelGrace+2*time.Second, when+": every lane idle", func() bool {
+		st := p.Stat()
+		for _, l := range pgxlanes.Lanes() {
+			if ls := st.Lane(l); ls.InUse != 0 || ls.Waiting != 0 || ls.Cleaning != 0 {
+				return false
+			}
 		}
-	}
-	harness.Eventually(t, 2*time.Second, when+": no connection acquired from pgxpool", func() bool {
+		return true
+	})
+	pgserver.Eventually(t, 2*time.Second, when+": no connection acquired from pgxpool", func() bool {
 		return p.Stat().AcquiredConns() == 0
 	})
 }
@@ -165,4 +170,13 @@ func fmtDur(d time.Duration) string { return fmt.Sprint(d.Round(10 * time.Micros
 func itoa(n int) string { return fmt.Sprint(n) }
 
 // sharedDSN is the DSN of the shared server's own database, for out-of-band checks.
-func sharedDSN(t testing.TB) string { return harness.DSN(t) }
+func sharedDSN(t testing.TB) string { return pgserver.DSN(t) }
+
+// figure logs a figure for docs/figures.sh, which runs the tests that measure the figures in README
+// and docs several times and reports each as a median with its range: "figure: <name> <value>".
+func figure(t testing.TB, name string, v float64) {
+	t.Helper()
+	t.Logf("figure: %s %g", name, v)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,10 +1,12 @@
-// Package integration tests pgxlanes against a real PostgreSQL started by the harness.
+// Package integration tests pgxlanes against a real PostgreSQL started by internal/pgserver: from
+// PGXLANES_TEST_DATABASE, a Docker engine (pgxlanestest/containers) or the local binaries.
 package integration
 
 import (
 	"testing"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	_ "github.com/pgxlanes/pgxlanes/pgxlanestest/containers"
 )
 
-func TestMain(m *testing.M) { harness.Main(m) }
+func TestMain(m *testing.M) { pgserver.Main(m) }

@@ -2,95 +2,166 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"net/url"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
-	"github.com/pgxlanes/pgxlanes/pgxlanes"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 )
 
-// TestThroughPgBouncerTransactionMode: behind PgBouncer in transaction mode, only SET LOCAL is
-// safe. With TransactionPooler set, pgxlanes sends no startup parameters and no session SET: a
-// transaction gets its lane's timeouts with SET LOCAL, a plain statement afterwards sees the
-// server's defaults (nothing leaked into the shared server session), and terminate, which needs
-// the server's PID, is refused.
-func TestThroughPgBouncerTransactionMode(t *testing.T) {
+// This file holds what the PgBouncer tests share: a PgBouncer per test, driven through its admin
+// console. The tests themselves are in pgbouncer_*_test.go. The installed PgBouncer is Debian 12's
+// 1.18, which can crash on a protocol cancel request (pgbouncer/pgbouncer#801, fixed in 1.19.1,
+// and #822/#904, fixed in 1.21.0): every pool here sets pgxlanes_cancel_requests=false, and a
+// test that could make a cancel reach PgBouncer says so.
+
+// bouncer is a PgBouncer started for one test, in front of the test's database.
+type bouncer struct {
+	mode  string // pool_mode: session or transaction
+	dsn   string // the test's database, through PgBouncer
+	admin string // PgBouncer's admin console (simple protocol only)
+}
+
+// startBouncer starts PgBouncer in pool mode mode in front of the database of upstream, stopped
+// when t ends, then applies settings ("name=value") through the admin console's SET, which takes
+// effect at once for the settings used here.
+func startBouncer(t testing.TB, upstream, mode string, settings ...string) *bouncer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dsn, stop, err := pgserver.StartPgBouncer(ctx, upstream, mode)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.Path = "/pgbouncer"
+	b := &bouncer{mode: mode, dsn: dsn, admin: withParams(u.String(), "default_query_exec_mode=simple_protocol")}
+	for _, s := range settings {
+		name, value, ok := strings.Cut(s, "=")
+		require.True(t, ok, "setting %q is not name=value", s)
+		b.set(t, name, value)
+	}
+	return b
+}
+
+// console runs f on a fresh admin console connection, all of it bounded by a few seconds: a
+// PgBouncer that crashed refuses the connection at once, one that hangs times out.
+func (b *bouncer) console(f func(ctx context.Context, c *pgx.Conn) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, b.admin)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	return f(ctx, c)
+}
+
+// set changes a PgBouncer setting at run time.
+func (b *bouncer) set(t testing.TB, name, value string) {
+	t.Helper()
+	require.NoError(t, b.console(func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, fmt.Sprintf("set %s = '%s'", name, value))
+		return err
+	}), "pgbouncer: set %s", name)
+}
+
+// alive reports whether PgBouncer still answers on its admin console: a crash (#801) shows here.
+func (b *bouncer) alive() error {
+	return b.console(func(ctx context.Context, c *pgx.Conn) error {
+		var v string
+		return c.QueryRow(ctx, "show version").Scan(&v)
+	})
+}
+
+// poolStats is a row of SHOW POOLS: client connections active (linked to a server) and waiting
+// for one, server connections active and idle, and the oldest client's wait.
+type poolStats struct {
+	clActive, clWaiting, svActive, svIdle int
+	maxWait                               time.Duration
+}
+
+// pool returns SHOW POOLS for the test's database.
+func (b *bouncer) pool(t testing.TB) poolStats {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(b.dsn)
+	require.NoError(t, err)
+	var ps poolStats
+	require.NoError(t, b.console(func(ctx context.Context, c *pgx.Conn) error {
+		rows, err := c.Query(ctx, "show pools")
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			// The admin console speaks text: read the raw values by column name.
+			m := map[string]string{}
+			for i, fd := range rows.FieldDescriptions() {
+				m[fd.Name] = string(rows.RawValues()[i])
+			}
+			if m["database"] != cfg.Database {
+				continue
+			}
+			num := func(k string) int {
+				n, _ := strconv.Atoi(m[k])
+				return n
+			}
+			ps = poolStats{clActive: num("cl_active"), clWaiting: num("cl_waiting"), svActive: num("sv_active"),
+				svIdle: num("sv_idle"), maxWait: time.Duration(num("maxwait"))*time.Second + time.Duration(num("maxwait_us"))*time.Microsecond}
+		}
+		return rows.Err()
+	}))
+	return ps
+}
+
+// requireAlive fails t if PgBouncer no longer answers.
+func (b *bouncer) requireAlive(t testing.TB, when string) {
+	t.Helper()
+	require.NoError(t, b.alive(), "%s: PgBouncer %s mode no longer answers (crashed?)", when, b.mode)
+}
+
+// bouncerParams are the pgxlanes DSN parameters a pool behind PgBouncer 1.18 needs in mode: in
+// transaction mode pgxlanes_transaction_pooler and an exec mode without named prepared
+// statements; in both modes no protocol cancel requests.
+func bouncerParams(mode string) string {
+	p := "pgxlanes_cancel_requests=false"
+	if mode == "transaction" {
+		p += "&pgxlanes_transaction_pooler=true&default_query_exec_mode=cache_describe"
+	}
+	return p
+}
+
+// sessionModeDefaults prepares a database for a pgxlanes pool behind PgBouncer in session mode.
+// PgBouncer refuses the statement_timeout and lock_timeout startup parameters by which pgxlanes
+// gives every session Short's timeouts, unless they are in ignore_startup_parameters, and then it
+// drops them. So the database (in production: the role, ALTER ROLE ... SET) carries Short's
+// timeouts as its defaults, which is also what RESET returns to after a lease of another lane.
+func sessionModeDefaults(t testing.TB, b *bouncer, upstream string) {
+	t.Helper()
+	b.set(t, "ignore_startup_parameters", "extra_float_digits,statement_timeout,lock_timeout")
+	b.alterDatabase(t, upstream, "statement_timeout = '5s'", "lock_timeout = '1s'")
+}
+
+// alterDatabase gives the database of upstream the settings ("name = value") as its defaults. A
+// server session reads them when it starts: PgBouncer's RECONNECT retires the older ones.
+func (b *bouncer) alterDatabase(t testing.TB, upstream string, settings ...string) {
+	t.Helper()
 	ctx := context.Background()
-	dsn := newDB(t, 10)
-	bouncer, stop, err := harness.StartPgBouncer(ctx, dsn, "transaction")
-	if err != nil {
-		t.Fatal(err)
+	c, err := pgx.Connect(ctx, upstream)
+	require.NoError(t, err)
+	defer c.Close(ctx)
+	for _, s := range settings {
+		_, err := c.Exec(ctx, "alter database "+pgx.Identifier{c.Config().Database}.Sanitize()+" set "+s)
+		require.NoError(t, err)
 	}
-	defer stop()
-
-	// Without the option, PgBouncer refuses the startup parameters.
-	plainCfg := withParams(bouncer, "pool_max_conns=2&default_query_exec_mode=exec")
-	p0, err := pgxlanes.New(ctx, plainCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = p0.Ping(ctx)
-	p0.Close()
-	if err == nil || !strings.Contains(err.Error(), "unsupported startup parameter") {
-		t.Fatalf("PgBouncer accepted pgxlanes' startup parameters (%v): the option's doc is out of date", err)
-	}
-
-	p := newLanes(t, bouncer, "pool_max_conns=4&default_query_exec_mode=exec&pgxlanes_transaction_pooler=true"+
-		"&lane_tx_statement_timeout=7s&lane_tx_lock_timeout=3s")
-	setting := func(q interface {
-		QueryRow(context.Context, string, ...any) pgx.Row
-	}) string {
-		t.Helper()
-		var st string
-		if err := q.QueryRow(ctx, "select current_setting('statement_timeout') || '/' || current_setting('lock_timeout')").Scan(&st); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error {
-		if got := setting(tx); got != "7s/3s" {
-			t.Errorf("transaction through PgBouncer: %s, want 7s/3s", got)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// So does a transaction begun in a batch: behind a transaction pooler a session SET would land
-	// on some other client's server connection, so only the settings pgxlanes queues after the
-	// batch's BEGIN can give it the lane's timeouts.
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	var inBatch string
-	b.Queue("select current_setting('statement_timeout') || '/' || current_setting('lock_timeout')").QueryRow(func(r pgx.Row) error {
-		return r.Scan(&inBatch)
-	})
-	br := p.SendBatch(ctx, b)
-	if err := br.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := br.Tx().Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if inBatch != "7s/3s" {
-		t.Errorf("transaction begun in a batch through PgBouncer: %s, want 7s/3s", inBatch)
-	}
-	for range 5 {
-		if got := setting(p); got != "0/0" {
-			t.Fatalf("plain statement after a transaction: %s, want the server defaults 0/0", got)
-		}
-	}
-	// No cancel through this PgBouncer: 1.18 (Debian 12) can crash on a cancel request
-	// (pgbouncer/pgbouncer#801, "bad client state: 0", fixed after 1.18).
-	if err := p.QueryRow(ctx, "select 1").Scan(new(int)); err != nil {
-		t.Fatal(err)
-	}
-
-	// terminate needs the server's PID, which PgBouncer hides.
-	_, err = pgxlanes.New(ctx, withParams(bouncer, "pgxlanes_transaction_pooler=true&lane_tx_over_budget=terminate"))
-	if err == nil || !strings.Contains(err.Error(), "lane_tx_over_budget") {
-		t.Fatalf("terminate behind a transaction pooler: %v", err)
-	}
+	require.NoError(t, b.console(func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "reconnect")
+		return err
+	}))
 }
