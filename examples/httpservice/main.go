@@ -38,7 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/metrics"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, ready func(addr string)) error {
 
 	if *dsn == "" {
 		startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		srv, err := harness.Start(startCtx)
+		srv, err := pgserver.Start(startCtx)
 		cancel()
 		if err != nil {
 			return err

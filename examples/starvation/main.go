@@ -17,7 +17,7 @@
 //
 // It prints a table, the ratios the project targets, writes the raw figures as JSON (-json) and
 // draws the short-query latency of each contender (-plot). With no -dsn and no DATABASE_URL it
-// starts a throwaway PostgreSQL with the integration harness. See docs/demo.md.
+// starts a throwaway PostgreSQL with internal/pgserver. See docs/demo.md.
 package main
 
 import (
@@ -35,7 +35,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 )
 
 func main() {
@@ -135,7 +135,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 		}
 	}
 	if c.transition == 0 {
-		c.transition = time.Duration(float64(c.longHold) * (1 + c.longJitter))
+		c.transition = maxHold(c)
 	}
 	return c, fs, c.validate()
 }
@@ -189,7 +189,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if dsn == "" {
 		logf("no -dsn and no DATABASE_URL: starting a throwaway PostgreSQL")
 		sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		srv, err := harness.Start(sctx)
+		srv, err := pgserver.Start(sctx)
 		cancel()
 		if err != nil {
 			return err

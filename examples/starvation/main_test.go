@@ -14,14 +14,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgxlanes/pgxlanes/integration/harness"
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 )
 
-func TestMain(m *testing.M) { harness.Main(m) }
+func TestMain(m *testing.M) { pgserver.Main(m) }
 
 // TestDemo runs the whole demo briefly, at a small size, and checks its JSON report.
 func TestDemo(t *testing.T) {
-	dsn := harness.NewDatabase(t)
+	t.Parallel()
+	dsn := pgserver.NewDatabase(t)
 	dir := t.TempDir()
 	jsonPath, plotPath := filepath.Join(dir, "out.json"), filepath.Join(dir, "out.png")
 	args := []string{"-dsn", dsn, "-json", jsonPath, "-plot", plotPath,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,10 +59,11 @@ type contenderSpec struct {
 // pools is one contender's pools: short lookups go to short, long transactions to long.
 type pools struct {
 	short, long querier
-	// totalConns and newConns read the pools' connection counts; close closes them.
-	totalConns func() int32
-	newConns   func() int64
-	close      func()
+	// openConns and newConns read the pools' connection counts (open: established, not still
+	// connecting); close closes them.
+	openConns func() int32
+	newConns  func() int64
+	close     func()
 	// each holds every connection of the pools at once and runs f on each.
 	each func(ctx context.Context, f func(*pgx.Conn) error) error
 }
@@ -101,6 +103,8 @@ func pgxpoolAcquire(p *pgxpool.Pool) func(context.Context) (*pgx.Conn, func(), e
 // warm runs every statement of the workload once on every connection, so that no contender is
 // measured while its connections prepare statements or its server sessions fill their caches.
 func warm(ctx context.Context, ps *pools, row int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	return ps.each(ctx, func(c *pgx.Conn) error {
 		var v string
 		err := c.QueryRow(ctx, lookupSQL, row).Scan(&v)
@@ -152,14 +156,24 @@ func newPgxpool(ctx context.Context, dsn string, n int, rec *recorder) (*pgxpool
 	return pgxpool.NewWithConfig(ctx, pc)
 }
 
+// established counts a pool's established connections. TotalConns counts those still connecting
+// too, and a warm-up that acquires one of those waits for it: pgxlanes' Short lane gave up after
+// its 1 s acquire timeout once, under load.
+func established(s interface {
+	TotalConns() int32
+	ConstructingConns() int32
+}) int32 {
+	return s.TotalConns() - s.ConstructingConns()
+}
+
 func buildPgxpool(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
 	p, err := newPgxpool(ctx, dsn, cfg.conns, rec)
 	if err != nil {
 		return nil, err
 	}
 	return &pools{short: p, long: p, close: p.Close,
-		totalConns: func() int32 { return p.Stat().TotalConns() },
-		newConns:   func() int64 { return p.Stat().NewConnsCount() },
+		openConns: func() int32 { return established(p.Stat()) },
+		newConns:  func() int64 { return p.Stat().NewConnsCount() },
 		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
 			return holdAll(ctx, cfg.conns, pgxpoolAcquire(p), f)
 		}}, nil
@@ -176,9 +190,9 @@ func buildTwoPools(ctx context.Context, dsn string, cfg *config, rec *recorder) 
 		return nil, err
 	}
 	return &pools{short: fast, long: heavy,
-		close:      func() { fast.Close(); heavy.Close() },
-		totalConns: func() int32 { return fast.Stat().TotalConns() + heavy.Stat().TotalConns() },
-		newConns:   func() int64 { return fast.Stat().NewConnsCount() + heavy.Stat().NewConnsCount() },
+		close:     func() { fast.Close(); heavy.Close() },
+		openConns: func() int32 { return established(fast.Stat()) + established(heavy.Stat()) },
+		newConns:  func() int64 { return fast.Stat().NewConnsCount() + heavy.Stat().NewConnsCount() },
 		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
 			if err := holdAll(ctx, cfg.fastConns, pgxpoolAcquire(fast), f); err != nil {
 				return err
@@ -207,8 +221,8 @@ func buildLanes(ctx context.Context, dsn string, cfg *config, rec *recorder) (*p
 		return c.Conn(), c.Release, nil
 	}
 	return &pools{short: p, long: p, close: p.Close,
-		totalConns: func() int32 { return p.Stat().TotalConns() },
-		newConns:   func() int64 { return p.Stat().NewConnsCount() },
+		openConns: func() int32 { return established(p.Stat()) },
+		newConns:  func() int64 { return p.Stat().NewConnsCount() },
 		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
 			return holdAll(ctx, cfg.conns, acquire, f)
 		}}, nil
@@ -312,17 +326,43 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 		return nil, err
 	}
 
+	var g *gate
+	var planned time.Duration // from the start to the end of the last phase
+	if spec.load {
+		g = newGate(cfg.longWorkers)
+		planned = cfg.ramp
+	}
+	phases := []phaseSpec{{ph: phaseSteady, dur: cfg.steady, rate: cfg.rate}}
+	if spec.load {
+		phases = append(phases, phaseSpec{ph: phaseTransition, dur: cfg.transition, rate: cfg.rate,
+			start: func() { g.set(cfg.burstLongWorkers) }})
+	}
+	phases = append(phases, phaseSpec{ph: phaseBurst, dur: cfg.burst, rate: cfg.burstRate, work: cfg.burstWork})
+	for _, p := range phases {
+		planned += p.dur
+	}
+
 	d.logf("== %s: %s", spec.name, spec.about)
 	start := time.Now()
 	rec.start = start
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
+	// Every wait of the run is bounded by its deadline: by the end of the last phase plus a
+	// lookup's timeout plus the longest hold, every lookup has met its own deadline and every
+	// transaction begun before the end has committed. A contender that has not wound down by then
+	// (a bug, or another session locking the demo's rows) ends with an error instead of hanging.
+	windDown := cfg.timeout + maxHold(cfg)
+	runCtx, cancelRun := context.WithDeadline(ctx, start.Add(planned+windDown))
 	progressDone := d.progress(runCtx, spec.name, rec)
-
-	var g *gate
 	var longs sync.WaitGroup
+	var cut atomic.Int32 // long workers stopped by the run's end, not by the gate
+	// stop ends the run; no goroutine of the run outlives it, whatever the way out.
+	stop := sync.OnceFunc(func() {
+		cancelRun()
+		longs.Wait()
+		<-progressDone
+	})
+	defer stop()
+
 	if spec.load {
-		g = newGate(runCtx, cfg.longWorkers)
 		g.set(cfg.longWorkers)
 		for i := range cfg.longWorkers {
 			longs.Add(1)
@@ -330,6 +370,9 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 				defer longs.Done()
 				delay := time.Duration(int64(cfg.ramp) * int64(i) / int64(cfg.longWorkers))
 				d.longWorker(runCtx, ps.long, g, i, delay, rec)
+				if runCtx.Err() != nil {
+					cut.Add(1)
+				}
 			}()
 		}
 		if !sleepCtx(ctx, cfg.ramp) {
@@ -337,12 +380,6 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 		}
 	}
 
-	phases := []phaseSpec{{ph: phaseSteady, dur: cfg.steady, rate: cfg.rate}}
-	if spec.load {
-		phases = append(phases, phaseSpec{ph: phaseTransition, dur: cfg.transition, rate: cfg.rate,
-			start: func() { g.set(cfg.burstLongWorkers) }})
-	}
-	phases = append(phases, phaseSpec{ph: phaseBurst, dur: cfg.burst, rate: cfg.burstRate, work: cfg.burstWork})
 	shorts := d.shortTraffic(runCtx, ps.short, phases, rec)
 	if g != nil {
 		g.close() // running transactions finish; waiting ones withdraw
@@ -350,10 +387,14 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	shorts.Wait()
 	longs.Wait()
 	elapsed := time.Since(start)
-	cancelRun()
-	<-progressDone
+	runErr := runCtx.Err()
+	stop()
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if runErr != nil {
+		return nil, fmt.Errorf("the run did not wind down within %v of its last phase (long workers cut off: %d): %w",
+			windDown, cut.Load(), runErr)
 	}
 
 	newConns := ps.newConns()
@@ -369,14 +410,19 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	return res, nil
 }
 
+// maxHold is the longest a long transaction holds its row: long-hold × (1 + long-jitter).
+func maxHold(cfg *config) time.Duration {
+	return time.Duration(float64(cfg.longHold) * (1 + cfg.longJitter))
+}
+
 // waitConns waits until the pools have opened want connections (MinConns), so that no contender
 // pays for opening connections while it is measured.
 func waitConns(ctx context.Context, ps *pools, want int32) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	for ps.totalConns() < want {
+	for ps.openConns() < want {
 		if !sleepCtx(ctx, 10*time.Millisecond) {
-			return fmt.Errorf("opening %d connections: only %d after 30s", want, ps.totalConns())
+			return fmt.Errorf("opening %d connections: only %d after 30s", want, ps.openConns())
 		}
 	}
 	return nil
@@ -485,69 +531,6 @@ func (d *demo) longWorker(ctx context.Context, q querier, g *gate, idx int, dela
 	}
 }
 
-// gate says which long workers may start a transaction: those whose index is below the active
-// count. Lowering the count withdraws the waiting acquires of the workers it turns off (their
-// contexts are cancelled), so that a pool's queue empties at once; transactions already running
-// are left to finish.
-type gate struct {
-	mu      sync.Mutex
-	active  int
-	closed  bool
-	changed chan struct{} // closed and replaced at every change
-	cancels []context.CancelFunc
-	done    <-chan struct{}
-}
-
-func newGate(ctx context.Context, workers int) *gate {
-	return &gate{changed: make(chan struct{}), cancels: make([]context.CancelFunc, workers), done: ctx.Done()}
-}
-
-// enter waits until worker idx may start a transaction and returns the context for its acquire,
-// cancelled if the worker is turned off meanwhile; ok is false once the gate is closed.
-func (g *gate) enter(parent context.Context, idx int) (context.Context, context.CancelFunc, bool) {
-	for {
-		g.mu.Lock()
-		if g.closed {
-			g.mu.Unlock()
-			return nil, nil, false
-		}
-		if idx < g.active {
-			ctx, cancel := context.WithCancel(parent)
-			g.cancels[idx] = cancel
-			g.mu.Unlock()
-			return ctx, cancel, true
-		}
-		ch := g.changed
-		g.mu.Unlock()
-		select {
-		case <-ch:
-		case <-g.done:
-			return nil, nil, false
-		}
-	}
-}
-
-// set makes the first n workers active.
-func (g *gate) set(n int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.active = n
-	for i := n; i < len(g.cancels); i++ {
-		if g.cancels[i] != nil {
-			g.cancels[i]()
-		}
-	}
-	close(g.changed)
-	g.changed = make(chan struct{})
-}
-
-func (g *gate) close() {
-	g.set(0)
-	g.mu.Lock()
-	g.closed = true
-	g.mu.Unlock()
-}
-
 // progress prints a line per second on stderr until ctx ends; the channel closes when it stops.
 func (d *demo) progress(ctx context.Context, name string, rec *recorder) <-chan struct{} {
 	done := make(chan struct{})
@@ -576,6 +559,8 @@ func (d *demo) progress(ctx context.Context, name string, rec *recorder) <-chan 
 
 // sessionsCount reads pg_stat_database.sessions (PostgreSQL 14+) of the demo's database.
 func sessionsCount(ctx context.Context, admin *pgx.Conn) (int64, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	var n int64
 	err := admin.QueryRow(ctx, "select sessions from pg_stat_database where datname = current_database()").Scan(&n)
 	return n, err == nil
@@ -584,6 +569,8 @@ func sessionsCount(ctx context.Context, admin *pgx.Conn) (int64, bool) {
 // sessionsAfter waits for the closed pools' server sessions to end (they report their statistics
 // as they exit) and returns the sessions established since before.
 func sessionsAfter(ctx context.Context, admin *pgx.Conn, before int64) (int64, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		var backends int64
