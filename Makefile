@@ -1,28 +1,43 @@
-# pgxlanes: make test | bench | lint | demo | stress
-# Integration tests start their own PostgreSQL (see integration/harness).
+# pgxlanes: make test | bench | lint | demo | stress | test-containers
+# Integration tests start their own PostgreSQL (internal/pgserver).
+#
+# The repository holds four modules, so that a program importing pgxlanes does not pull the
+# test and demo dependencies into its module graph:
+#   .                          the library: pgxlanes, metrics, stdlib, pgxlanestest, internal/...
+#   pgxlanestest/containers    the Docker step of the test server search (testcontainers-go)
+#   integration                tests against real PostgreSQL and PgBouncer, faults, conformance
+#   examples                   the starvation demo (gonum/plot) and an HTTP service
 
 GO         ?= go
 BENCH      ?= .
 BENCHCOUNT ?= 6
 STRESS     ?= 2m
 DEMOFLAGS  ?=
+MODULES    := . pgxlanestest/containers integration examples
 
-.PHONY: all test bench lint vet fmt demo stress
+SHELL := /bin/bash
+
+.PHONY: all test bench lint vet fmt demo stress tidy
 
 all: lint test
 
-# Unit and integration tests, always with the race detector.
+# Unit and integration tests of every module, always with the race detector. The integration
+# module's packages run one at a time (-p 1): its latency checks compare pgxlanes with pgxpool on a
+# 2-core machine, and the conformance stage runs several test processes of its own.
 test: vet
-	$(GO) test -race -count=1 -timeout 30m ./...
+	@set -e; for m in $(MODULES); do \
+		p=""; if [ "$$m" = integration ]; then p="-p 1"; fi; \
+		echo "== go test -race $$p ./... in $$m"; \
+		(cd $$m && $(GO) test -race -count=1 $$p -timeout 30m ./...); \
+	done
 
 vet:
-	$(GO) vet ./...
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 
 # Benchmarks only, in benchstat's format: compare two runs with `benchstat old.txt bench.txt`.
 # The exit status is go test's, not tee's.
 bench:
-	set -o pipefail; $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCHCOUNT) ./... | tee bench.txt
-bench: SHELL := /bin/bash
+	set -o pipefail; for m in . integration; do (cd $$m && $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCHCOUNT) ./...); done | tee bench.txt
 
 # go vet, and gofmt must have nothing to say.
 lint: vet
@@ -31,9 +46,21 @@ lint: vet
 fmt:
 	gofmt -w .
 
-demo:
-	$(GO) run ./examples/starvation $(DEMOFLAGS)
+tidy:
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
 
-# The reserve stress test for longer than in `make test`.
+demo:
+	cd examples && $(GO) run ./starvation $(DEMOFLAGS)
+
+# The randomized stress tests for longer than in `make test`.
 stress:
-	PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 30m -run Stress ./reserve/...
+	PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run Stress ./internal/reserve/...
+
+# The harness's Docker path end to end (.ci/containers/run.sh): installs Debian's docker.io if
+# dockerd is missing, starts a private dockerd that makes no traffic beyond 127.0.0.1, imports a
+# PostgreSQL image from the local binaries, runs the Docker step's tests, the integration suite and
+# pgxlanestest's tests with the Docker step forced, then tears it all down. Exit 3: the machine
+# could not be provisioned (a banner says why).
+.PHONY: test-containers
+test-containers:
+	bash .ci/containers/run.sh

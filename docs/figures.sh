@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Regenerates the figures quoted in README.md and docs/: runs each measuring test RUNS times (default
+# 5) one after the other, and prints every figure as the median of the runs with its range, then the
+# benchmarks (BENCHCOUNT runs, default 6) through benchstat. Run it on a quiet machine; the output
+# says what the load was.
+#
+#   docs/figures.sh            # everything, about 15 minutes
+#   RUNS=7 docs/figures.sh tests
+#   docs/figures.sh bench
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+BENCHCOUNT=${BENCHCOUNT:-6}
+what=${1:-all}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')"
+
+# median and range of the values of each "figure: <name> <value>" line, per name.
+summarize() {
+	grep -ho 'figure: [^ ]* [^ ]*' "$@" | awk '{print $2, $3}' | sort -k1,1 -k2,2g | awk '
+		function flush() { if (n) { m = (n % 2) ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2;
+			printf "%-42s median %10.4g   range %10.4g .. %-10.4g (%d runs)\n", name, m, v[1], v[n], n } }
+		$1 != name { flush(); name = $1; n = 0 }
+		{ v[++n] = $2 }
+		END { flush() }'
+}
+
+if [ "$what" = all ] || [ "$what" = tests ]; then
+	tests='TestHeadlineShortQueriesNotBlockedByTransactions|TestDeadlineReturnsOnTimeAndKeepsSessions|TestStaleCancelSoak|TestUnannotatedStormIsLearned|TestHeldConnectionCostsOneRoundTrip|TestStdlibHeadline'
+	(cd integration && go test -c -race -o "$out/integration.test" . >/dev/null)
+	for i in $(seq "$RUNS"); do
+		echo "run $i of $RUNS (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+		(cd integration && "$out/integration.test" -test.run "^($tests)\$" -test.v -test.count=1 >"$out/run$i.log" 2>&1) ||
+			{ echo "run $i failed:"; grep -E -- '--- FAIL|Error:|_test.go' "$out/run$i.log" | head -20; }
+	done
+	echo
+	echo "== figures (from integration tests, -race, $RUNS runs)"
+	summarize "$out"/run*.log
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ]; then
+	echo
+	echo "== benchmarks ($BENCHCOUNT runs each; ratios by benchstat -col /Impl)"
+	(cd integration && go test -run '^$' -bench 'Select1|AcquireRelease|BenchmarkTx$' -benchmem -count "$BENCHCOUNT" . &&
+		go test -run '^$' -bench 'OverLink' -benchmem -count "$BENCHCOUNT" -benchtime 300x .) >"$out/bench.txt" 2>&1 || true
+	go run golang.org/x/perf/cmd/benchstat@latest -col /Impl "$out/bench.txt" || cat "$out/bench.txt"
+fi
+echo
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
