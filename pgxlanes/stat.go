@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pgxlanes/pgxlanes/internal/reserve"
 )
 
 // LaneStat is a snapshot of one lane: its configuration, what it holds and who waits now, and
@@ -109,12 +110,16 @@ type LearningStat struct {
 // Stat returns a snapshot of the pool's statistics.
 func (p *Pool) Stat() *Stat {
 	st := &Stat{}
+	// One snapshot of each server's reserve, taken under its lock, so that the lanes' figures
+	// agree with each other: a slot moving from one lane to another is never counted twice.
+	snaps := make(map[*server]reserve.Stat, len(p.servers))
 	for _, srv := range p.servers {
 		st.s = append(st.s, srv.pool.Stat())
+		snaps[srv] = srv.res.Stat()
 	}
 	for i := range numLanes {
 		lr := &p.lanes[i]
-		rs := lr.srv.res.LaneStat(lr.idx)
+		rs := snaps[lr.srv].Lanes[lr.idx]
 		c := &p.lanes[i].counts
 		st.lanes[i] = LaneStat{Lane: Lane(i), Reserved: rs.Reserved, MaxConns: rs.MaxConns, MaxWaiters: rs.MaxWaiters,
 			InUse: rs.InUse, Borrowed: rs.Borrowed, Cleaning: int(c.cleaning.Load()), Waiting: rs.Waiting, OldestWait: rs.OldestWait,
