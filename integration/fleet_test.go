@@ -122,3 +122,28 @@ func TestFleetSlotsOfACrashedReplicaFree(t *testing.T) {
 		c.Release()
 	}
 }
+
+// TestFleetsOfDifferentCapsAreSeparate: the fleet is every pool that shares the database and the
+// cap. A service capped at 1 that holds its slot does not take a slot of a service capped at 2
+// on the same database.
+func TestFleetsOfDifferentCapsAreSeparate(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	const base = "pool_max_conns=6&lane_long_max_conns=3&lane_long_reserved=3&lane_long_acquire_timeout=1s"
+	one := newLanes(t, dsn, base+"&lane_long_fleet_max_conns=1")
+	two := newLanes(t, dsn, base+"&lane_long_fleet_max_conns=2")
+	c, err := one.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	t.Cleanup(c.Release)
+	for range 2 {
+		c, err := two.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+		require.NoError(t, err, "the other service's slot is not this fleet's")
+		t.Cleanup(c.Release)
+	}
+	require.Equal(t, 2, two.Stat().Lane(pgxlanes.Long).FleetHeld)
+	// Its own fleet is full: a third Long call of the 2-capped service waits for a fleet slot,
+	// though its lane has room, then times out.
+	_, err = two.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout)
+	require.ErrorContains(t, err, "fleet slot")
+}

@@ -85,7 +85,9 @@ type LaneConfig struct {
 	SlowThreshold time.Duration
 	// FleetMaxConns is Long's alone (lane_long_fleet_max_conns): how many Long calls may run at
 	// once across every pool that shares the database and this setting (all replicas of a
-	// service), coordinated with advisory locks in PostgreSQL. Off (the default): no fleet cap.
+	// service), coordinated with advisory locks in PostgreSQL. Pools with another value on the
+	// same database have slots of their own. Off (the default): no fleet cap. Refused with
+	// TransactionPooler: the slots are session-level locks (docs/scale-out.md).
 	FleetMaxConns int
 	// Server aims the lane at another server, a read replica for reports, with its own connection
 	// settings (parse them with pgxpool.ParseConfig). It is Long's alone, and set in code only.

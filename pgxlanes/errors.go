@@ -47,6 +47,9 @@ func (e *AcquireError) Error() string {
 	switch {
 	case errors.Is(e.Err, ErrAcquireTimeout):
 		what = fmt.Sprintf("acquire timed out after %v", e.Waited.Round(time.Millisecond))
+		if errors.Is(e.Err, errNoFleetSlot) {
+			what += " waiting for a fleet slot"
+		}
 	case errors.Is(e.Err, ErrLaneFull):
 		what = "wait queue full, caller refused"
 	case errors.Is(e.Err, ErrClosed):

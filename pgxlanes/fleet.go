@@ -29,7 +29,7 @@ import (
 // on a server session other clients share, so the fleet cap is refused there (see resolve).
 type fleet struct {
 	term *terminator
-	key  int32 // the advisory lock's first key: the lane's and database's
+	key  int32 // the advisory lock's first key: of the lane, the database and the cap
 	max  int32
 
 	// Advisory locks are re-entrant within a session, and every lease of the pool takes its slot
@@ -44,8 +44,10 @@ type fleet struct {
 }
 
 func newFleet(term *terminator, database string, max int) *fleet {
+	// The key names the database and the cap, so that pools sharing both share the slots, and
+	// a service with another cap on the same database does not take this one's.
 	h := fnv.New32a()
-	h.Write([]byte("pgxlanes long fleet:" + database))
+	fmt.Fprintf(h, "pgxlanes long fleet:%s:%d", database, max)
 	return &fleet{term: term, key: int32(h.Sum32()), max: int32(max)}
 }
 
