@@ -52,9 +52,11 @@ tidy:
 demo:
 	cd examples && $(GO) run ./starvation $(DEMOFLAGS)
 
-# The randomized stress tests for longer than in `make test`.
+# The randomized stress tests for longer than in `make test`, and the fault suite with each fault
+# repeated under load for $(STRESS) (integration/fault_test.go; docs/reliability.md).
 stress:
 	PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run Stress ./internal/reserve/...
+	cd integration && PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run 'Stress|Fault' .
 
 # The harness's Docker path end to end (.ci/containers/run.sh): installs Debian's docker.io if
 # dockerd is missing, starts a private dockerd that makes no traffic beyond 127.0.0.1, imports a
