@@ -136,6 +136,7 @@ var faultIDs atomic.Int64
 type faultLoad struct {
 	p       *pgxlanes.Pool
 	acquire [3]time.Duration // the lanes' acquire timeouts
+	quiet   bool             // log no figures (the repeated cycles of a stress run)
 
 	ops  atomic.Int64
 	stop chan struct{}
@@ -330,7 +331,7 @@ func (l *faultLoad) checkCalls(t testing.TB, name string) {
 	t.Logf("%s: %d operations; errors by call and kind: %s", name, l.ops.Load(), strings.Join(ops, ", "))
 	assert.Empty(t, l.overruns, "calls that overran their deadline or acquire timeout by more than %v", faultSlack)
 	assert.Empty(t, l.untyped, "errors of no known kind")
-	figure(t, "fault_"+name+"_max_overrun_ms", float64(l.maxOverrun.Milliseconds()))
+	l.figure(t, "fault_"+name+"_max_overrun_ms", float64(l.maxOverrun.Milliseconds()))
 }
 
 // checkRows asserts the commit invariants against the table, read over a direct connection to
@@ -378,9 +379,9 @@ func (l *faultLoad) checkRows(t testing.TB, name, dsn string) int {
 	}
 	t.Logf("%s: %d commits acknowledged, %d lost; %d failed before Commit, %d present; %d failed at Commit, %d of them committed (ambiguous); %d half-applied",
 		name, len(l.acked), lost, len(l.failedBefore), phantom, len(l.failedCommit), ambiguous, half)
-	figure(t, "fault_"+name+"_commits_acked", float64(len(l.acked)))
-	figure(t, "fault_"+name+"_commits_lost", float64(lost))
-	figure(t, "fault_"+name+"_commits_ambiguous", float64(ambiguous))
+	l.figure(t, "fault_"+name+"_commits_acked", float64(len(l.acked)))
+	l.figure(t, "fault_"+name+"_commits_lost", float64(lost))
+	l.figure(t, "fault_"+name+"_commits_ambiguous", float64(ambiguous))
 	assert.Zero(t, lost, "acknowledged commits lost")
 	assert.Zero(t, half, "transactions half-applied")
 	assert.Zero(t, phantom, "transactions that failed before Commit but are present")
@@ -388,11 +389,19 @@ func (l *faultLoad) checkRows(t testing.TB, name, dsn string) int {
 	return len(l.acked)
 }
 
+// figure logs a figure unless the load is quiet.
+func (l *faultLoad) figure(t testing.TB, name string, v float64) {
+	t.Helper()
+	if !l.quiet {
+		figure(t, name, v)
+	}
+}
+
 // logKinds logs the errors by kind as figures.
 func (l *faultLoad) logKinds(t testing.TB, name string) {
 	t.Helper()
 	kinds := l.errorKinds()
 	for _, k := range slices.Sorted(maps.Keys(kinds)) {
-		figure(t, "fault_"+name+"_errors_"+k, float64(kinds[k]))
+		l.figure(t, "fault_"+name+"_errors_"+k, float64(kinds[k]))
 	}
 }

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -155,25 +154,31 @@ func TestFaultClose(t *testing.T) {
 	dsn := pgserver.NewDatabase(t)
 	createFaultTable(t, dsn)
 	until := time.Now().Add(stressDuration(t))
-	for cycle := 0; cycle == 0 || time.Now().Before(until); cycle++ {
-		name := "close"
-		if cycle > 0 {
-			name = fmt.Sprintf("close_%d", cycle)
-		}
-		closeUnderLoad(t, dsn, name, cycle == 0)
+	cycles := 0
+	for cycles == 0 || time.Now().Before(until) {
+		closeUnderLoad(t, dsn, cycles)
+		cycles++
 		if t.Failed() {
 			return
 		}
 	}
+	if cycles > 1 {
+		figure(t, "fault_close_cycles", float64(cycles))
+	}
 }
 
-func closeUnderLoad(t *testing.T, dsn, name string, figures bool) {
+// closeUnderLoad runs one cycle of TestFaultClose: a pool, the load, Close. Only the first cycle
+// logs figures.
+func closeUnderLoad(t *testing.T, dsn string, cycle int) {
+	const name = "close"
+	figures := cycle == 0
 	leak := goleak.IgnoreCurrent()
 	ctx := context.Background()
 	p, err := pgxlanes.New(ctx, withParams(dsn, faultParams))
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	l := newFaultLoad(p)
+	l.quiet = !figures
 	l.start()
 	l.waitAcked(t, 10, 30*time.Second, "the load commits")
 
@@ -244,14 +249,12 @@ func closeUnderLoad(t *testing.T, dsn, name string, figures bool) {
 		assert.Zero(t, st.Lane(ln).Waiting, "%s waiting after Close", ln)
 	}
 	goleak.VerifyNone(t, leak)
-	t.Logf("%s: Close took %v, returned %v after the last open transaction ended", name, closedAt.Sub(closeStart), afterLast)
+	t.Logf("%s, cycle %d: Close took %v, returned %v after the last open transaction ended", name, cycle, closedAt.Sub(closeStart), afterLast)
 	if figures {
 		figure(t, "fault_"+name+"_return_after_last_tx_ms", ms(afterLast))
 	}
 	assert.Less(t, afterLast, faultSlack, "Close returns once the held connections are back")
 	l.checkCalls(t, name)
 	l.checkRows(t, name, dsn)
-	if figures {
-		l.logKinds(t, name)
-	}
+	l.logKinds(t, name)
 }
