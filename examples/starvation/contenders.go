@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,7 +26,9 @@ type querier interface {
 type contenderSpec struct {
 	name  string
 	about string
-	load  bool // runs the long transactions; false for the idle baseline
+	tx    bool // runs the steady and burst phases; false for pgxlanes-nolearn, which runs only the slow phase
+	load  bool // runs the long transactions in them; false for the idle baseline
+	slow  bool // runs the slow statements in the learn and slow phases; false for the idle baseline
 	build func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error)
 }
 
@@ -39,6 +42,8 @@ type pools struct {
 	close     func()
 	// each holds every connection of the pools at once and runs f on each.
 	each func(ctx context.Context, f func(*pgx.Conn) error) error
+	// learning reads pgxlanes' Stat().Learning(); nil for the pgxpools.
+	learning func() *learningResult
 }
 
 // holdAll acquires n connections with acquire, all at the same time, runs f on each and
@@ -94,16 +99,26 @@ func warm(ctx context.Context, ps *pools, row int) error {
 	})
 }
 
+// contenderNames are the contenders, in the default order.
+var contenderNames = []string{"idle", "pgxpool", "two-pool", "pgxlanes-nolearn", "pgxlanes"}
+
 // contenders returns the contenders cfg names, in its order.
 func contenders(cfg *config) ([]contenderSpec, error) {
 	heavy := cfg.conns - cfg.fastConns
+	threshold := "default"
+	if cfg.slowThreshold > 0 {
+		threshold = cfg.slowThreshold.String()
+	}
 	all := []contenderSpec{
-		{name: "idle", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, no long transactions (baseline)", cfg.conns),
-			build: buildLanes},
-		{name: "pgxpool", about: fmt.Sprintf("one pgxpool of %d conns", cfg.conns), load: true, build: buildPgxpool},
-		{name: "two-pool", about: fmt.Sprintf("pgxpool fast %d + heavy %d conns", cfg.fastConns, heavy), load: true,
-			build: buildTwoPools},
-		{name: "pgxlanes", about: fmt.Sprintf("pgxlanes, %d conns, default lanes", cfg.conns), load: true, build: buildLanes},
+		{name: "idle", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, no long transactions, no slow statements (baseline)", cfg.conns),
+			tx: true, build: buildLanes(true)},
+		{name: "pgxpool", about: fmt.Sprintf("one pgxpool of %d conns", cfg.conns), tx: true, load: true, slow: true, build: buildPgxpool},
+		{name: "two-pool", about: fmt.Sprintf("pgxpool fast %d + heavy %d conns; unannotated statements go to fast", cfg.fastConns, heavy),
+			tx: true, load: true, slow: true, build: buildTwoPools},
+		{name: "pgxlanes-nolearn", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, learning off (lane_short_slow_threshold=0); slow phase only", cfg.conns),
+			slow: true, build: buildLanes(false)},
+		{name: "pgxlanes", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, learning on (lane_short_slow_threshold %s)", cfg.conns, threshold),
+			tx: true, load: true, slow: true, build: buildLanes(true)},
 	}
 	var specs []contenderSpec
 next:
@@ -114,7 +129,7 @@ next:
 				continue next
 			}
 		}
-		return nil, usageError{fmt.Sprintf("-contenders: unknown contender %q (contenders are idle, pgxpool, two-pool, pgxlanes)", name)}
+		return nil, usageError{fmt.Sprintf("-contenders: unknown contender %q (contenders are %s)", name, strings.Join(contenderNames, ", "))}
 	}
 	return specs, nil
 }
@@ -174,31 +189,47 @@ func buildTwoPools(ctx context.Context, dsn string, cfg *config, rec *recorder) 
 		}}, nil
 }
 
-func buildLanes(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
-	lc, err := pgxlanes.ParseConfig(dsn)
-	if err != nil {
-		return nil, err
-	}
-	lc.MaxConns, lc.MinConns = int32(cfg.conns), int32(cfg.conns) // the lanes are sized for MaxConns
-	p, err := pgxlanes.NewWithConfig(ctx, lc)
-	if err != nil {
-		return nil, err
-	}
-	p.AddObserver(laneObserver{rec})
-	// Short may hold every connection (its cap is MaxConns), and needs no session SET to do so.
-	acquire := func(ctx context.Context) (*pgx.Conn, func(), error) {
-		c, err := p.Acquire(pgxlanes.WithLane(ctx, pgxlanes.Short))
+// buildLanes builds a pgxlanes pool with its default lanes, learning slow statements or not.
+func buildLanes(learn bool) func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
+	return func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
+		lc, err := pgxlanes.ParseConfig(dsn)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		return c.Conn(), c.Release, nil
+		lc.MaxConns, lc.MinConns = int32(cfg.conns), int32(cfg.conns) // the lanes are sized for MaxConns
+		switch {
+		case !learn:
+			lc.Short.SlowThreshold = pgxlanes.Off // lane_short_slow_threshold=0
+		case cfg.slowThreshold > 0:
+			lc.Short.SlowThreshold = cfg.slowThreshold
+		}
+		lc.ConnConfig.Tracer = slowTracer{} // a QueryTracer only: pgxlanes' observer times the acquires
+		p, err := pgxlanes.NewWithConfig(ctx, lc)
+		if err != nil {
+			return nil, err
+		}
+		p.AddObserver(laneObserver{rec})
+		// Short may hold every connection (its cap is MaxConns), and needs no session SET to do so.
+		acquire := func(ctx context.Context) (*pgx.Conn, func(), error) {
+			c, err := p.Acquire(pgxlanes.WithLane(ctx, pgxlanes.Short))
+			if err != nil {
+				return nil, nil, err
+			}
+			return c.Conn(), c.Release, nil
+		}
+		return &pools{short: p, long: p, close: p.Close,
+			openConns: func() int32 { return established(p.Stat()) },
+			newConns:  func() int64 { return p.Stat().NewConnsCount() },
+			each: func(ctx context.Context, f func(*pgx.Conn) error) error {
+				return holdAll(ctx, cfg.conns, acquire, f)
+			},
+			learning: func() *learningResult {
+				st := p.Stat()
+				l := st.Learning()
+				return &learningResult{ThresholdMS: ms(l.Threshold), Demoted: l.Demoted, Demotions: l.Demotions,
+					Promotions: l.Promotions, LongMaxConns: st.Lane(pgxlanes.Long).MaxConns}
+			}}, nil
 	}
-	return &pools{short: p, long: p, close: p.Close,
-		openConns: func() int32 { return established(p.Stat()) },
-		newConns:  func() int64 { return p.Stat().NewConnsCount() },
-		each: func(ctx context.Context, f func(*pgx.Conn) error) error {
-			return holdAll(ctx, cfg.conns, acquire, f)
-		}}, nil
 }
 
 // acquireTracer times pgxpool's Acquire for the calls whose context carries a phase.
@@ -221,10 +252,21 @@ func (t acquireTracer) TraceAcquireEnd(ctx context.Context, _ *pgxpool.Pool, dat
 	}
 }
 
-func (acquireTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	return ctx
+func (acquireTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return slowTracer{}.TraceQueryStart(ctx, c, data)
 }
 func (acquireTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// slowTracer tells a slow statement's call that it has a connection and is starting (see storm).
+type slowTracer struct{}
+
+func (slowTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	if c, ok := ctx.Value(slowCallKey{}).(*slowCall); ok {
+		c.starting()
+	}
+	return ctx
+}
+func (slowTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // laneObserver records pgxlanes' acquire waits; the phase comes from the call's tag.
 type laneObserver struct{ rec *recorder }

@@ -24,7 +24,8 @@ func TestRunDeadlineEndsAStuckContender(t *testing.T) {
 		"-conns", "4", "-fast-conns", "1", "-rows", "100",
 		"-long-workers", "4", "-burst-long-workers", "1", "-long-hold", "100ms",
 		"-rate", "50", "-burst-rate", "50", "-burst-work", "0s",
-		"-ramp", "100ms", "-steady", "300ms", "-burst", "300ms", "-timeout", "1s"}, io.Discard)
+		"-ramp", "100ms", "-steady", "300ms", "-burst", "300ms", "-timeout", "1s",
+		"-slow-clients", "2", "-slow-sleep", "100ms", "-learn", "100ms", "-slow", "300ms"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 // config is the demo's command line. Every size is a flag; the defaults are scaled to a 2-core
-// machine and a run of about 35 s in all.
+// machine and a run of about a minute in all.
 type config struct {
 	dsn       string
 	conns     int // total connections, the same for every contender
@@ -81,6 +81,12 @@ type config struct {
 	transition time.Duration // between steady and burst: the long load drops; not reported
 	burst      time.Duration
 	timeout    time.Duration // a lookup's deadline, counted from its scheduled time
+
+	slowClients   int           // clients of the unannotated slow statement in the learn and slow phases
+	slowSleep     time.Duration // the slow statement: select pg_sleep(slowSleep)
+	learn         time.Duration // the learning period: slow statements run, lookups are not in the table
+	slow          time.Duration // the measured slow phase, after the learning period
+	slowThreshold time.Duration // pgxlanes' lane_short_slow_threshold; 0: its default
 
 	seed       uint64
 	contenders []string
@@ -115,8 +121,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	fs.DurationVar(&c.transition, "transition", 0, "length of the transition, while the long load drops (0: long-hold × (1 + long-jitter))")
 	fs.DurationVar(&c.burst, "burst", 2*time.Second, "length of the burst phase")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline of a lookup, from its scheduled time")
+	fs.IntVar(&c.slowClients, "slow-clients", 12, "clients running the unannotated slow statement back to back in the learn and slow phases")
+	fs.DurationVar(&c.slowSleep, "slow-sleep", 1500*time.Millisecond, "the unannotated slow statement is select pg_sleep(this)")
+	fs.DurationVar(&c.learn, "learn", 2*time.Second, "the learning period: the slow statements start, lookups are recorded but not in the slow-phase table")
+	fs.DurationVar(&c.slow, "slow", 3*time.Second, "length of the slow phase, measured after the learning period")
+	fs.DurationVar(&c.slowThreshold, "slow-threshold", 0, "pgxlanes' lane_short_slow_threshold for the pgxlanes contenders that learn (0: pgxlanes' default)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the lookup keys and hold times")
-	only := fs.String("contenders", "idle,pgxpool,two-pool,pgxlanes", "the contenders to run, in order (comma-separated)")
+	only := fs.String("contenders", strings.Join(contenderNames, ","), "the contenders to run, in order (comma-separated)")
 	fs.StringVar(&c.jsonPath, "json", "", "write the raw figures to this JSON file")
 	fs.StringVar(&c.plotPath, "plot", "demo-report.png", "draw the latency picture to this file (.png or .svg); empty for none")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
@@ -165,10 +176,19 @@ func (c *config) validate() error {
 		return bad("-steady and -burst must be positive, -ramp and -transition not negative")
 	case c.timeout <= 0:
 		return bad("-timeout must be positive")
+	case c.slowClients < 1:
+		return bad("-slow-clients must be at least 1, got %d", c.slowClients)
+	case c.slowSleep <= 0 || c.slow <= 0 || c.learn < 0 || c.slowThreshold < 0:
+		return bad("-slow-sleep and -slow must be positive, -learn and -slow-threshold not negative")
 	case len(c.contenders) == 0:
 		return bad("-contenders names none")
 	case c.plotPath != "" && !strings.HasSuffix(c.plotPath, ".png") && !strings.HasSuffix(c.plotPath, ".svg"):
 		return bad("-plot must name a .png or .svg file, got %q", c.plotPath)
+	}
+	for _, name := range c.contenders {
+		if !slices.Contains(contenderNames, name) {
+			return bad("-contenders: unknown contender %q (contenders are %s)", name, strings.Join(contenderNames, ", "))
+		}
 	}
 	return nil
 }
@@ -221,8 +241,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	d := &demo{cfg: cfg, dsn: dsn, admin: admin, logf: logf}
 	rep := &report{Machine: machineInfo(ctx, admin), Flags: flagValues(fs), Args: redactArgs(args)}
-	logf("%d connections per contender; %d long transactions holding a row for ~%v; %g lookups/s, burst %g lookups/s with %v of work each",
-		cfg.conns, cfg.longWorkers, cfg.longHold, cfg.rate, cfg.burstRate, cfg.burstWork)
+	logf("%d connections per contender; %d long transactions holding a row for ~%v; %g lookups/s, burst %g lookups/s with %v of work each; then %d clients of %q",
+		cfg.conns, cfg.longWorkers, cfg.longHold, cfg.rate, cfg.burstRate, cfg.burstWork, cfg.slowClients, slowSQL(cfg))
 	specs, err := contenders(cfg)
 	if err != nil {
 		return err

@@ -20,6 +20,14 @@ import (
 func TestMain(m *testing.M) { pgserver.Main(m) }
 
 // TestDemo runs the whole demo briefly, at a small size, and checks its JSON report.
+//
+// The slow phase is scaled down too: 6 clients of a 0.5 s statement on 4 connections, learned
+// at a threshold of 150 ms. pgxlanes demotes it at about 150 ms (the third overrun) and its Short
+// lane is clear of the statements it admitted before by about 1 s (the last of them waited 0.5 s
+// for a connection, then ran 0.5 s), well within the 1.5 s learning period. With learning off,
+// the lookups queue in Short behind the slow statements for about their length: they are slow but,
+// at this size, mostly within Short's 1 s acquire timeout, so the test compares latencies instead
+// of counting failures.
 func TestDemo(t *testing.T) {
 	t.Parallel()
 	dsn := pgserver.NewDatabase(t)
@@ -29,7 +37,8 @@ func TestDemo(t *testing.T) {
 		"-conns", "4", "-fast-conns", "1", "-rows", "1000",
 		"-long-workers", "8", "-burst-long-workers", "1", "-long-hold", "400ms",
 		"-rate", "100", "-burst-rate", "300", "-burst-work", "5ms",
-		"-ramp", "200ms", "-steady", "1s", "-burst", "1s"}
+		"-ramp", "200ms", "-steady", "1s", "-burst", "1s",
+		"-slow-clients", "6", "-slow-sleep", "500ms", "-slow-threshold", "150ms", "-learn", "1500ms", "-slow", "1500ms"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
@@ -39,7 +48,8 @@ func TestDemo(t *testing.T) {
 	}
 	t.Logf("demo ran in %v\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
 
-	for _, want := range []string{"steady phase", "burst phase", "ratios", "targets", "pgxpool p99 / pgxlanes p99"} {
+	for _, want := range []string{"steady phase", "burst phase", "slow phase", "learning period", "ratios", "targets",
+		"pgxpool p99 / pgxlanes p99", "pgxlanes-nolearn p99 / pgxlanes p99", `"select pg_sleep(0.5)"`} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("stdout lacks %q", want)
 		}
@@ -69,16 +79,26 @@ func TestDemo(t *testing.T) {
 	for _, c := range rep.Contenders {
 		byName[c.Name] = c
 	}
-	for _, name := range []string{"idle", "pgxpool", "two-pool", "pgxlanes"} {
+	for _, name := range contenderNames {
 		c := byName[name]
 		if c == nil {
 			t.Errorf("contender %s missing from the report", name)
 			continue
 		}
-		for _, ph := range []struct {
+		type phaseCheck struct {
 			name string
 			pr   *phaseResult
-		}{{"steady", c.Steady}, {"burst", c.Burst}} {
+		}
+		// Every contender has the slow phase; those under load have its learning period too, the
+		// idle baseline has none (nothing to learn) and pgxlanes-nolearn runs only these two.
+		phases := []phaseCheck{{"slow", c.Slow}}
+		if name != "pgxlanes-nolearn" {
+			phases = append(phases, phaseCheck{"steady", c.Steady}, phaseCheck{"burst", c.Burst})
+		}
+		if name != "idle" {
+			phases = append(phases, phaseCheck{"learn", c.Learn})
+		}
+		for _, ph := range phases {
 			switch {
 			case ph.pr == nil:
 				t.Errorf("%s: no %s phase", name, ph.name)
@@ -90,6 +110,15 @@ func TestDemo(t *testing.T) {
 				t.Errorf("%s %s: no acquire waits recorded", name, ph.name)
 			}
 		}
+		if name == "pgxlanes-nolearn" && (c.Steady != nil || c.Burst != nil) {
+			t.Errorf("pgxlanes-nolearn ran the steady or burst phase")
+		}
+		if name == "idle" && (c.Learn != nil || c.SlowStmts != nil) {
+			t.Errorf("idle ran slow statements")
+		}
+		if name != "idle" && (c.SlowStmts == nil || c.SlowStmts.Completed == 0 || c.SlowStmts.AcquireWait.N == 0) {
+			t.Errorf("%s: slow statements %+v, want some completed, with their acquire waits", name, c.SlowStmts)
+		}
 		if c.Load && c.Long.Committed == 0 {
 			t.Errorf("%s: no long transaction committed", name)
 		}
@@ -97,13 +126,41 @@ func TestDemo(t *testing.T) {
 			t.Errorf("%s: %d connections opened, want at least 4", name, c.Sessions.NewConns)
 		}
 	}
-	lanes, pool := byName["pgxlanes"], byName["pgxpool"]
-	if lanes == nil || pool == nil || lanes.Steady == nil || pool.Steady == nil {
+	lanes, pool, nolearn := byName["pgxlanes"], byName["pgxpool"], byName["pgxlanes-nolearn"]
+	if lanes == nil || pool == nil || nolearn == nil || lanes.Steady == nil || pool.Steady == nil ||
+		lanes.Slow == nil || nolearn.Slow == nil || pool.Slow == nil {
 		t.FailNow()
 	}
 	lp, pp := orInf(lanes.Steady.Latency.P99), orInf(pool.Steady.Latency.P99)
 	if !(lp < pp) {
 		t.Errorf("steady short p99: pgxlanes %vms, pgxpool %vms; want pgxlanes below", lp, pp)
+	}
+
+	// The slow phase. Learning on: the statement was learned, no lookup failed after the learning
+	// period, and the slow statements still completed in it, none refused. Learning off: nothing
+	// learned, and the lookups waited behind the slow statements (or failed): their p99 is far
+	// above pgxlanes'. These hold on a loaded 2-core machine: the margins are hundreds of ms.
+	switch l := lanes.Learning; {
+	case l == nil || l.Demotions < 1:
+		t.Errorf("pgxlanes learned nothing: %+v", l)
+	case lanes.Slow.Failed.total() != 0:
+		t.Errorf("pgxlanes slow phase: %d lookups failed (%+v), want none", lanes.Slow.Failed.total(), lanes.Slow.Failed)
+	case lanes.Slow.SlowDone == 0 || lanes.Slow.SlowFailed != 0:
+		t.Errorf("pgxlanes slow phase: %d slow statements done, %d failed; want some done, none refused",
+			lanes.Slow.SlowDone, lanes.Slow.SlowFailed)
+	}
+	if l := nolearn.Learning; l == nil || l.ThresholdMS != 0 || l.Demotions != 0 {
+		t.Errorf("pgxlanes-nolearn learning = %+v, want off", l)
+	}
+	lp, np, pp := orInf(lanes.Slow.Latency.P99), orInf(nolearn.Slow.Latency.P99), orInf(pool.Slow.Latency.P99)
+	if !(np >= 100 && lp < np/5) {
+		t.Errorf("slow phase p99: pgxlanes %vms, pgxlanes-nolearn %vms; want learning off ≥ 100ms and 5× learning on", lp, np)
+	}
+	if !(pp >= 100 && lp < pp/5) {
+		t.Errorf("slow phase p99: pgxlanes %vms, pgxpool %vms; want pgxpool ≥ 100ms and 5× pgxlanes", lp, pp)
+	}
+	if len(rep.Targets) < 8 {
+		t.Errorf("%d targets, want the slow phase's too", len(rep.Targets))
 	}
 
 	png, err := os.ReadFile(plotPath)
@@ -134,6 +191,10 @@ func TestFlags(t *testing.T) {
 		{[]string{"-rows", "5"}, "-rows"},
 		{[]string{"-long-jitter", "1"}, "-long-jitter"},
 		{[]string{"-plot", "x.jpg"}, "-plot"},
+		{[]string{"-slow-clients", "0"}, "-slow-clients"},
+		{[]string{"-slow-sleep", "0s"}, "-slow-sleep"},
+		{[]string{"-learn", "-1s"}, "-learn"},
+		{[]string{"-contenders", "pgxlanes,nosuch"}, "nosuch"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"-nosuchflag"}, "nosuchflag"},
 	} {

@@ -7,33 +7,32 @@ import (
 	"time"
 )
 
-// phase is a part of a contender's run. phaseLong marks the long transactions' calls.
+// phase is a part of a contender's run. phaseLong marks the long transactions' calls and
+// phaseSlowStmt the unannotated slow statements' calls.
 type phase uint8
 
 const (
 	phaseSteady phase = iota
 	phaseTransition
 	phaseBurst
+	phaseLearn // the slow statements start; the learning period
+	phaseSlow  // the slow statements go on: measured
 	phaseLong
+	phaseSlowStmt
 
-	numPhases = 3 // the phases of the short traffic
+	numPhases = 5 // the phases of the short traffic
 )
 
-var phaseNames = [...]string{"steady", "transition", "burst", "long"}
+var phaseNames = [...]string{"steady", "transition", "burst", "learn", "slow", "long", "slowstmt"}
 
 func (p phase) String() string { return phaseNames[p] }
 
 // phaseOfTag maps a pgxlanes tag back to the phase it was set for.
 func phaseOfTag(tag string) (phase, bool) {
-	switch tag {
-	case "steady":
-		return phaseSteady, true
-	case "transition":
-		return phaseTransition, true
-	case "burst":
-		return phaseBurst, true
-	case "long":
-		return phaseLong, true
+	for i, n := range phaseNames {
+		if n == tag {
+			return phase(i), true
+		}
 	}
 	return 0, false
 }
@@ -60,6 +59,13 @@ type sample struct {
 	kind errKind
 }
 
+// slowRun is one unannotated slow statement that ended, completed or failed.
+type slowRun struct {
+	end  time.Duration // from the contender's start
+	lat  time.Duration // from the call to its end
+	kind errKind
+}
+
 type phaseInfo struct {
 	set  bool
 	from time.Duration
@@ -79,9 +85,11 @@ type recorder struct {
 	phases   [numPhases]phaseInfo
 	sent     int
 	shorts   []sample
-	acquires [numPhases + 1][]time.Duration // successful acquire waits, by phase (phaseLong last)
+	acquires [numPhases + 2][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt)
 	longs    []time.Duration                // commit times of long transactions, from start
 	longFail [numKinds]int
+	slows    []slowRun         // the slow statements that ended
+	slowCut  int               // slow statements withdrawn, still waiting, at the end of the slow phase
 	examples map[string]string // one error message per kind, for the report
 	seen     int               // shorts already reported by progress
 }
@@ -127,6 +135,21 @@ func (r *recorder) longFailed(kind errKind, err error) {
 	r.example("long", kind, err)
 }
 
+// slowEnded records a slow statement that completed or failed, started at t0.
+func (r *recorder) slowEnded(t0 time.Time, kind errKind, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slows = append(r.slows, slowRun{end: now.Sub(r.start), lat: now.Sub(t0), kind: kind})
+	r.example("slow", kind, err)
+}
+
+func (r *recorder) slowWithdrawn() {
+	r.mu.Lock()
+	r.slowCut++
+	r.mu.Unlock()
+}
+
 // example keeps the first error message of each kind. Caller must hold mu.
 func (r *recorder) example(what string, kind errKind, err error) {
 	if err == nil {
@@ -143,7 +166,7 @@ type progressLine struct {
 	sent, done, failed int
 	recent             int // lookups finished since the last call
 	recentP99          time.Duration
-	long               int
+	long, slow         int
 }
 
 // progress returns the counts so far and the p99 of the lookups finished since the last call.
@@ -151,6 +174,11 @@ func (r *recorder) progress() progressLine {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := progressLine{phase: r.cur.String(), sent: r.sent, long: len(r.longs)}
+	for _, s := range r.slows {
+		if s.kind == kindOK {
+			p.slow++
+		}
+	}
 	var recent []time.Duration
 	for i, s := range r.shorts {
 		if s.kind == kindOK {
@@ -209,19 +237,25 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 		slices.Sort(ok)
 		pr.Latency = latencyQuantiles(ok, pr.Issued)
 		pr.AcquireWait = waitQuantiles(r.acquires[ph])
+		in := func(t time.Duration) bool { return t >= info.from && t < info.from+info.dur }
 		for _, c := range r.longs {
-			if c >= info.from && c < info.from+info.dur {
+			if in(c) {
 				pr.LongCommitted++
 			}
 		}
-		switch ph {
-		case phaseSteady:
-			res.Steady = pr
-		case phaseTransition:
-			res.Transition = pr
-		case phaseBurst:
-			res.Burst = pr
+		for _, s := range r.slows {
+			switch {
+			case !in(s.end):
+			case s.kind == kindOK:
+				pr.SlowDone++
+			default:
+				pr.SlowFailed++
+			}
 		}
+		*res.phase(ph) = pr
+	}
+	if len(r.slows) > 0 || r.slowCut > 0 {
+		res.SlowStmts = r.slowResult()
 	}
 	res.Long.Committed = len(r.longs)
 	if len(r.longs) > 0 {
@@ -234,6 +268,23 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 	}
 	res.Long.AcquireWait = waitQuantiles(r.acquires[phaseLong])
 	return res
+}
+
+// slowResult summarizes the slow statements. Caller must hold mu.
+func (r *recorder) slowResult() *slowResult {
+	sr := &slowResult{Withdrawn: r.slowCut, AcquireWait: waitQuantiles(r.acquires[phaseSlowStmt])}
+	var ok []time.Duration
+	for _, s := range r.slows {
+		if s.kind == kindOK {
+			ok = append(ok, s.lat)
+		} else {
+			sr.Failed.add(s.kind)
+		}
+	}
+	sr.Completed = len(ok)
+	slices.Sort(ok)
+	sr.Latency = latencyQuantiles(ok, len(ok))
+	return sr
 }
 
 func latencyQuantiles(sortedOK []time.Duration, total int) quantiles {

@@ -4,13 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
 	"math"
 	"os"
 	"runtime"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,12 +39,19 @@ type contenderResult struct {
 	Load    bool    `json:"long_load"`
 	Seconds float64 `json:"seconds"`
 	// The phases of the short traffic. Transition (while the long load drops) is recorded but not
-	// in the table; the idle baseline has none.
+	// in the tables; the idle baseline has none, nor a learning period (Learn, in its own table),
+	// and pgxlanes-nolearn runs only Learn and Slow.
 	Steady     *phaseResult `json:"steady,omitempty"`
 	Transition *phaseResult `json:"transition,omitempty"`
 	Burst      *phaseResult `json:"burst,omitempty"`
+	Learn      *phaseResult `json:"learn,omitempty"`
+	Slow       *phaseResult `json:"slow,omitempty"`
 	Long       longResult   `json:"long_tx"`
-	Sessions   sessions     `json:"sessions"`
+	// SlowStmts are the unannotated slow statements of the learn and slow phases.
+	SlowStmts *slowResult `json:"slow_statements,omitempty"`
+	// Learning is pgxlanes' Stat().Learning() at the end of the run (pgxlanes contenders only).
+	Learning *learningResult `json:"learning,omitempty"`
+	Sessions sessions        `json:"sessions"`
 	// Errors holds the first error message of each kind, for lookups and long transactions.
 	Errors map[string]string `json:"errors,omitempty"`
 }
@@ -64,8 +68,11 @@ type phaseResult struct {
 	// quantile that falls on a failed lookup is null.
 	Latency     quantiles `json:"latency_ms"`
 	AcquireWait waitStats `json:"acquire_wait_ms"`
-	// LongCommitted counts the long transactions that committed during the phase.
+	// LongCommitted counts the long transactions that committed during the phase; SlowDone and
+	// SlowFailed the unannotated slow statements that completed or failed during it.
 	LongCommitted int `json:"long_tx_committed"`
+	SlowDone      int `json:"slow_done"`
+	SlowFailed    int `json:"slow_failed"`
 	// Samples are the successful lookups: scheduled time and latency, in ms.
 	Samples struct {
 		AtMS      []float64 `json:"at_ms"`
@@ -116,6 +123,33 @@ type longResult struct {
 	AcquireWait waitStats `json:"acquire_wait_ms"`
 }
 
+// slowResult is what became of the unannotated slow statements, over the learn and slow phases.
+type slowResult struct {
+	Completed int    `json:"completed"`
+	Failed    failed `json:"failed"`
+	// Withdrawn: still waiting for a connection when the slow phase ended (their calls were
+	// cancelled then; statements already running were left to finish).
+	Withdrawn int `json:"withdrawn"`
+	// Latency is from the call to its end, over the completed ones: time queued plus the run.
+	Latency     quantiles `json:"latency_ms"`
+	AcquireWait waitStats `json:"acquire_wait_ms"`
+}
+
+// learningResult is pgxlanes' LearningStat.
+type learningResult struct {
+	ThresholdMS float64 `json:"threshold_ms"`
+	Demoted     int     `json:"demoted"`
+	Demotions   int64   `json:"demotions"`
+	Promotions  int64   `json:"promotions"`
+	// LongMaxConns is Long's cap: the capacity a statement learned as slow is admitted to.
+	LongMaxConns int `json:"long_max_conns"`
+}
+
+// phase returns where the result of phase ph goes.
+func (c *contenderResult) phase(ph phase) **phaseResult {
+	return [...]**phaseResult{&c.Steady, &c.Transition, &c.Burst, &c.Learn, &c.Slow}[ph]
+}
+
 type sessions struct {
 	// Server is the pg_stat_database.sessions delta (PostgreSQL 14+), warm-up included.
 	Server *int64 `json:"server"`
@@ -134,6 +168,10 @@ type ratios struct {
 	BurstLanesOverIdle     *float64 `json:"burst_p99_pgxlanes_over_idle"`
 	LongLanesOverTwoPool   *float64 `json:"long_tx_pgxlanes_over_two_pool"`
 	LongLanesOverPgxpool   *float64 `json:"long_tx_pgxlanes_over_pgxpool"`
+	SlowPgxpoolOverLanes   *float64 `json:"slow_p99_pgxpool_over_pgxlanes"`
+	SlowTwoPoolOverLanes   *float64 `json:"slow_p99_two_pool_over_pgxlanes"`
+	SlowNoLearnOverLanes   *float64 `json:"slow_p99_pgxlanes_nolearn_over_pgxlanes"`
+	SlowLanesOverIdle      *float64 `json:"slow_p99_pgxlanes_over_idle"`
 }
 
 type target struct {
@@ -141,6 +179,8 @@ type target struct {
 	Want string   `json:"want"`
 	Got  *float64 `json:"got"`
 	Met  bool     `json:"met"`
+	// Count says Got is a count, not a ratio.
+	Count bool `json:"count,omitempty"`
 }
 
 func (r *report) contender(name string) *contenderResult {
@@ -161,18 +201,11 @@ func div(a, b *float64) *float64 {
 	return &v
 }
 
-func p99(c *contenderResult, burst bool) *float64 {
-	if c == nil {
+func p99(c *contenderResult, ph phase) *float64 {
+	if c == nil || *c.phase(ph) == nil {
 		return nil
 	}
-	pr := c.Steady
-	if burst {
-		pr = c.Burst
-	}
-	if pr == nil {
-		return nil
-	}
-	return pr.Latency.P99
+	return (*c.phase(ph)).Latency.P99
 }
 
 func committed(c *contenderResult) *float64 {
@@ -186,123 +219,46 @@ func committed(c *contenderResult) *float64 {
 // compute fills the ratios and checks the targets.
 func (r *report) compute() {
 	idle, pool, two, lanes := r.contender("idle"), r.contender("pgxpool"), r.contender("two-pool"), r.contender("pgxlanes")
+	nolearn := r.contender("pgxlanes-nolearn")
 	r.Ratios = ratios{
-		SteadyPgxpoolOverLanes: div(p99(pool, false), p99(lanes, false)),
-		SteadyTwoPoolOverLanes: div(p99(two, false), p99(lanes, false)),
-		SteadyLanesOverIdle:    div(p99(lanes, false), p99(idle, false)),
-		BurstPgxpoolOverLanes:  div(p99(pool, true), p99(lanes, true)),
-		BurstTwoPoolOverLanes:  div(p99(two, true), p99(lanes, true)),
-		BurstLanesOverIdle:     div(p99(lanes, true), p99(idle, true)),
+		SteadyPgxpoolOverLanes: div(p99(pool, phaseSteady), p99(lanes, phaseSteady)),
+		SteadyTwoPoolOverLanes: div(p99(two, phaseSteady), p99(lanes, phaseSteady)),
+		SteadyLanesOverIdle:    div(p99(lanes, phaseSteady), p99(idle, phaseSteady)),
+		BurstPgxpoolOverLanes:  div(p99(pool, phaseBurst), p99(lanes, phaseBurst)),
+		BurstTwoPoolOverLanes:  div(p99(two, phaseBurst), p99(lanes, phaseBurst)),
+		BurstLanesOverIdle:     div(p99(lanes, phaseBurst), p99(idle, phaseBurst)),
 		LongLanesOverTwoPool:   div(committed(lanes), committed(two)),
 		LongLanesOverPgxpool:   div(committed(lanes), committed(pool)),
+		SlowPgxpoolOverLanes:   div(p99(pool, phaseSlow), p99(lanes, phaseSlow)),
+		SlowTwoPoolOverLanes:   div(p99(two, phaseSlow), p99(lanes, phaseSlow)),
+		SlowNoLearnOverLanes:   div(p99(nolearn, phaseSlow), p99(lanes, phaseSlow)),
+		SlowLanesOverIdle:      div(p99(lanes, phaseSlow), p99(idle, phaseSlow)),
 	}
 	atLeast := func(v *float64, x float64) bool { return v != nil && *v >= x }
 	atMost := func(v *float64, x float64) bool { return v != nil && *v <= x }
 	ra := r.Ratios
 	r.Targets = []target{
-		{"steady: pgxlanes p99 / idle p99", "≤ 2", ra.SteadyLanesOverIdle, atMost(ra.SteadyLanesOverIdle, 2)},
-		{"steady: pgxpool p99 / pgxlanes p99", "≥ 1000", ra.SteadyPgxpoolOverLanes, atLeast(ra.SteadyPgxpoolOverLanes, 1000)},
+		{"steady: pgxlanes p99 / idle p99", "≤ 2", ra.SteadyLanesOverIdle, atMost(ra.SteadyLanesOverIdle, 2), false},
+		{"steady: pgxpool p99 / pgxlanes p99", "≥ 1000", ra.SteadyPgxpoolOverLanes, atLeast(ra.SteadyPgxpoolOverLanes, 1000), false},
 		{"steady: two-pool p99 / pgxlanes p99", "≥ 0.9 (equal within noise, or better)", ra.SteadyTwoPoolOverLanes,
-			atLeast(ra.SteadyTwoPoolOverLanes, 0.9)},
-		{"burst: two-pool p99 / pgxlanes p99", "≥ 2 (clearly better)", ra.BurstTwoPoolOverLanes, atLeast(ra.BurstTwoPoolOverLanes, 2)},
-		{"long tx committed: pgxlanes / two-pool", "≥ 0.9 (within 10 %)", ra.LongLanesOverTwoPool, atLeast(ra.LongLanesOverTwoPool, 0.9)},
+			atLeast(ra.SteadyTwoPoolOverLanes, 0.9), false},
+		{"burst: two-pool p99 / pgxlanes p99", "≥ 2 (clearly better)", ra.BurstTwoPoolOverLanes, atLeast(ra.BurstTwoPoolOverLanes, 2), false},
+		{"long tx committed: pgxlanes / two-pool", "≥ 0.9 (within 10 %)", ra.LongLanesOverTwoPool, atLeast(ra.LongLanesOverTwoPool, 0.9), false},
+		{"slow: pgxlanes p99 / idle p99", "≤ 2", ra.SlowLanesOverIdle, atMost(ra.SlowLanesOverIdle, 2), false},
 	}
-}
-
-func (r *report) printTable(w io.Writer, cfg *config) {
-	fmt.Fprintf(w, "\nstarvation demo: %d CPUs (%s), %s, PostgreSQL %s\n", r.Machine.CPUs, r.Machine.CPUModel, r.Machine.Go, r.Machine.Postgres)
-	fmt.Fprintf(w, "every contender has %d connections; long transactions lock a row and hold it %v ± %.0f%%\n",
-		cfg.conns, cfg.longHold, cfg.longJitter*100)
-	for _, c := range r.Contenders {
-		fmt.Fprintf(w, "  %-9s %s\n", c.Name, c.About)
+	// After the learning period, no lookup of pgxlanes fails, and the slow statements still
+	// complete, none refused: levelled in Long's capacity, not starved or turned away.
+	var failedLookups, slowDone *float64
+	slowRefused := -1
+	if lanes != nil && lanes.Slow != nil {
+		f, d := float64(lanes.Slow.Failed.total()), float64(lanes.Slow.SlowDone)
+		failedLookups, slowDone, slowRefused = &f, &d, lanes.Slow.SlowFailed
 	}
-
-	phaseTable := func(title string, get func(*contenderResult) *phaseResult) {
-		fmt.Fprintf(w, "\n%s\n", title)
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "contender\tp50\tp99\tp99.9\tmax\tacquire p99\tacquire max\tok\tfailed\t(timeout/full/deadline/other)\tlong tx\t")
-		for _, c := range r.Contenders {
-			pr := get(c)
-			if pr == nil {
-				continue
-			}
-			longTx := "-"
-			if c.Load {
-				longTx = fmt.Sprint(pr.LongCommitted)
-			}
-			f := pr.Failed
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t(%d/%d/%d/%d)\t%s\t\n", c.Name,
-				fmtMS(pr.Latency.P50), fmtMS(pr.Latency.P99), fmtMS(pr.Latency.P999), fmtMS(pr.Latency.Max),
-				fmtWait(pr.AcquireWait.P99MS, pr.AcquireWait.N), fmtWait(pr.AcquireWait.MaxMS, pr.AcquireWait.N),
-				pr.OK, f.total(), f.AcquireTimeout, f.LaneFull, f.Deadline, f.Other, longTx)
-		}
-		tw.Flush()
-	}
-	phaseTable(fmt.Sprintf("steady phase, %v: %d long transactions, %g lookups/s (primary key) — short-query latency",
-		cfg.steady, cfg.longWorkers, cfg.rate), func(c *contenderResult) *phaseResult { return c.Steady })
-	phaseTable(fmt.Sprintf("burst phase, %v: %d long transactions, %g lookups/s with %v of server work each — short-query latency",
-		cfg.burst, cfg.burstLongWorkers, cfg.burstRate, cfg.burstWork), func(c *contenderResult) *phaseResult { return c.Burst })
-
-	fmt.Fprintf(w, "\nwhole run\n")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "contender\tseconds\tlong tx committed\tlong tx/s\tlong failed\tlong acquire p99\tserver sessions\tconns opened\t")
-	for _, c := range r.Contenders {
-		if !c.Load {
-			continue
-		}
-		sess := "n/a"
-		if c.Sessions.Server != nil {
-			sess = fmt.Sprint(*c.Sessions.Server)
-		}
-		fmt.Fprintf(tw, "%s\t%.1f\t%d\t%.2f\t%d\t%s\t%s\t%d\t\n", c.Name, c.Seconds, c.Long.Committed, c.Long.PerSecond,
-			c.Long.Failed.total(), fmtWait(c.Long.AcquireWait.P99MS, c.Long.AcquireWait.N), sess, c.Sessions.NewConns)
-	}
-	tw.Flush()
-
-	fmt.Fprintf(w, "\nratios (one run, side by side)\n")
-	ra := r.Ratios
-	for _, l := range []struct {
-		name string
-		v    *float64
-	}{
-		{"steady  pgxpool p99 / pgxlanes p99", ra.SteadyPgxpoolOverLanes},
-		{"steady  two-pool p99 / pgxlanes p99", ra.SteadyTwoPoolOverLanes},
-		{"steady  pgxlanes p99 / idle p99", ra.SteadyLanesOverIdle},
-		{"burst   pgxpool p99 / pgxlanes p99", ra.BurstPgxpoolOverLanes},
-		{"burst   two-pool p99 / pgxlanes p99", ra.BurstTwoPoolOverLanes},
-		{"burst   pgxlanes p99 / idle p99", ra.BurstLanesOverIdle},
-		{"long tx committed, pgxlanes / two-pool", ra.LongLanesOverTwoPool},
-		{"long tx committed, pgxlanes / pgxpool", ra.LongLanesOverPgxpool},
-	} {
-		fmt.Fprintf(w, "  %-40s %s\n", l.name, fmtRatio(l.v))
-	}
-	fmt.Fprintf(w, "\ntargets\n")
-	for _, t := range r.Targets {
-		mark := "MISSED"
-		if t.Met {
-			mark = "met"
-		}
-		fmt.Fprintf(w, "  %-40s %-10s want %-40s %s\n", t.What, fmtRatio(t.Got), t.Want, mark)
-	}
-	if errs := r.errorExamples(); len(errs) > 0 {
-		fmt.Fprintf(w, "\nfirst error of each kind\n")
-		for _, e := range errs {
-			fmt.Fprintf(w, "  %s\n", e)
-		}
-	}
-}
-
-func (r *report) errorExamples() []string {
-	var out []string
-	for _, c := range r.Contenders {
-		for _, k := range []string{"lookup acquire_timeout", "lookup lane_full", "lookup deadline", "lookup other",
-			"long acquire_timeout", "long lane_full", "long deadline", "long other"} {
-			if msg, ok := c.Errors[k]; ok {
-				out = append(out, fmt.Sprintf("%-9s %-22s %s", c.Name, k, msg))
-			}
-		}
-	}
-	return out
+	r.Targets = append(r.Targets,
+		target{What: "slow: pgxlanes lookups failed", Want: "0", Got: failedLookups,
+			Met: failedLookups != nil && *failedLookups == 0, Count: true},
+		target{What: "slow: pgxlanes slow statements completed", Want: "≥ 1, none refused", Got: slowDone,
+			Met: atLeast(slowDone, 1) && slowRefused == 0, Count: true})
 }
 
 func (r *report) writeJSON(path string) error {
@@ -311,48 +267,6 @@ func (r *report) writeJSON(path string) error {
 		return err
 	}
 	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
-
-func fmtMS(v *float64) string {
-	if v == nil {
-		return "failed"
-	}
-	return fmtDur(time.Duration(*v * float64(time.Millisecond)))
-}
-
-func fmtWait(msv float64, n int) string {
-	if n == 0 {
-		return "-"
-	}
-	return fmtDur(time.Duration(msv * float64(time.Millisecond)))
-}
-
-// fmtDur prints a latency with three significant digits in ms below a second, in s above.
-func fmtDur(d time.Duration) string {
-	m := float64(d) / float64(time.Millisecond)
-	switch {
-	case d >= time.Second:
-		return fmt.Sprintf("%.2fs", m/1000)
-	case m >= 100:
-		return fmt.Sprintf("%.0fms", m)
-	case m >= 10:
-		return fmt.Sprintf("%.1fms", m)
-	default:
-		return fmt.Sprintf("%.2fms", m)
-	}
-}
-
-func fmtRatio(v *float64) string {
-	if v == nil {
-		return "n/a"
-	}
-	switch {
-	case *v >= 100:
-		return fmt.Sprintf("%.0f×", *v)
-	case *v >= 10:
-		return fmt.Sprintf("%.1f×", *v)
-	}
-	return fmt.Sprintf("%.2f×", *v)
 }
 
 func machineInfo(ctx context.Context, conn *pgx.Conn) machine {

@@ -83,12 +83,36 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 		g = newGate(cfg.longWorkers)
 		planned = cfg.ramp
 	}
-	phases := []phaseSpec{{ph: phaseSteady, dur: cfg.steady, rate: cfg.rate}}
-	if spec.load {
-		phases = append(phases, phaseSpec{ph: phaseTransition, dur: cfg.transition, rate: cfg.rate,
-			start: func() { g.set(cfg.burstLongWorkers) }})
+	var longs sync.WaitGroup
+	var st *storm
+	var runCtx context.Context // set before the phases start
+	var cancelRun, stopLongs context.CancelFunc
+	var phases []phaseSpec
+	if spec.tx {
+		phases = append(phases, phaseSpec{ph: phaseSteady, dur: cfg.steady, rate: cfg.rate})
+		if spec.load {
+			phases = append(phases, phaseSpec{ph: phaseTransition, dur: cfg.transition, rate: cfg.rate,
+				start: func() { g.set(cfg.burstLongWorkers) }})
+		}
+		phases = append(phases, phaseSpec{ph: phaseBurst, dur: cfg.burst, rate: cfg.burstRate, work: cfg.burstWork})
 	}
-	phases = append(phases, phaseSpec{ph: phaseBurst, dur: cfg.burst, rate: cfg.burstRate, work: cfg.burstWork})
+	if spec.slow {
+		phases = append(phases, phaseSpec{ph: phaseLearn, dur: cfg.learn, rate: cfg.rate, start: func() {
+			// The long transactions are gone: the waiting ones withdraw, the ones holding their row
+			// are cut short and roll back (a few milliseconds), so the slow phase starts at once
+			// instead of after a drain of up to a hold.
+			if g != nil {
+				g.close()
+				stopLongs()
+				longs.Wait()
+			}
+			st = d.startStorm(runCtx, ps.short, rec)
+		}})
+	}
+	if spec.slow || spec.tx {
+		// The idle baseline's slow phase is the lookups alone: nothing to learn, so no learning period.
+		phases = append(phases, phaseSpec{ph: phaseSlow, dur: cfg.slow, rate: cfg.rate})
+	}
 	for _, p := range phases {
 		planned += p.dur
 	}
@@ -97,30 +121,37 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	start := time.Now()
 	rec.start = start
 	// Every wait of the run is bounded by its deadline: by the end of the last phase plus a
-	// lookup's timeout plus the longest hold, every lookup has met its own deadline and every
-	// transaction begun before the end has committed. A contender that has not wound down by then
-	// (a bug, or another session locking the demo's rows) ends with an error instead of hanging.
-	windDown := cfg.timeout + maxHold(cfg)
-	runCtx, cancelRun := context.WithDeadline(ctx, start.Add(planned+windDown))
+	// lookup's timeout plus the longest hold or slow statement, every lookup has met its own
+	// deadline, every transaction begun before the end has committed and every slow statement
+	// running at the end has completed. A contender that has not wound down by then (a bug, or
+	// another session locking the demo's rows) ends with an error instead of hanging.
+	windDown := cfg.timeout + max(maxHold(cfg), cfg.slowSleep)
+	runCtx, cancelRun = context.WithDeadline(ctx, start.Add(planned+windDown))
 	progressDone := d.progress(runCtx, spec.name, rec)
-	var longs sync.WaitGroup
 	var cut atomic.Int32 // long workers stopped by the run's end, not by the gate
 	// stop ends the run; no goroutine of the run outlives it, whatever the way out.
 	stop := sync.OnceFunc(func() {
 		cancelRun()
 		longs.Wait()
+		if st != nil {
+			st.stop()
+			st.wait()
+		}
 		<-progressDone
 	})
 	defer stop()
 
 	if spec.load {
 		g.set(cfg.longWorkers)
+		var holdCtx context.Context
+		holdCtx, stopLongs = context.WithCancel(runCtx)
+		defer stopLongs()
 		for i := range cfg.longWorkers {
 			longs.Add(1)
 			go func() {
 				defer longs.Done()
 				delay := time.Duration(int64(cfg.ramp) * int64(i) / int64(cfg.longWorkers))
-				d.longWorker(runCtx, ps.long, g, i, delay, rec)
+				d.longWorker(runCtx, holdCtx, ps.long, g, i, delay, rec)
 				if runCtx.Err() != nil {
 					cut.Add(1)
 				}
@@ -135,8 +166,14 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	if g != nil {
 		g.close() // running transactions finish; waiting ones withdraw
 	}
+	if st != nil {
+		st.stop() // running slow statements finish; waiting ones withdraw
+	}
 	shorts.Wait()
 	longs.Wait()
+	if st != nil {
+		st.wait()
+	}
 	elapsed := time.Since(start)
 	runErr := runCtx.Err()
 	stop()
@@ -149,9 +186,14 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	}
 
 	newConns := ps.newConns()
+	var learning *learningResult
+	if ps.learning != nil {
+		learning = ps.learning()
+	}
 	closePools()
 	res := rec.result(spec.name, spec.about, spec.load, elapsed)
 	res.Sessions.NewConns = newConns
+	res.Learning = learning
 	if sessOK {
 		if n, ok := sessionsAfter(ctx, d.admin, sess0); ok {
 			res.Sessions.Server = &n
@@ -227,8 +269,10 @@ func (d *demo) shortTraffic(ctx context.Context, q querier, phases []phaseSpec, 
 
 // longWorker runs long transactions back to back while the gate lets it: lock its own row, hold
 // it for the application work, commit. Hold times come from a generator seeded by the worker's
-// index, so every contender gets the same sequence.
-func (d *demo) longWorker(ctx context.Context, q querier, g *gate, idx int, delay time.Duration, rec *recorder) {
+// index, so every contender gets the same sequence. When hold ends (derived from ctx), a
+// transaction holding its row is cut short and rolled back, not counted as failed; its
+// statements run under ctx, so one waiting on the server is not cut short.
+func (d *demo) longWorker(ctx, hold context.Context, q querier, g *gate, idx int, delay time.Duration, rec *recorder) {
 	cfg := d.cfg
 	if !sleepCtx(ctx, delay) {
 		return
@@ -241,11 +285,11 @@ func (d *demo) longWorker(ctx context.Context, q querier, g *gate, idx int, dela
 		if !ok {
 			return
 		}
-		hold := time.Duration(float64(cfg.longHold) * (1 + cfg.longJitter*(2*rng.Float64()-1)))
+		holdFor := time.Duration(float64(cfg.longHold) * (1 + cfg.longJitter*(2*rng.Float64()-1)))
 		if iter == 0 {
 			// The first transaction is as if caught midway: a uniform part of a hold. So the workers
 			// do not commit in lockstep, and the pool is in its steady state from the start.
-			hold = time.Duration(float64(hold) * rng.Float64())
+			holdFor = time.Duration(float64(holdFor) * rng.Float64())
 		}
 		tx, err := q.Begin(actx)
 		withdrawn := actx.Err() != nil
@@ -263,16 +307,16 @@ func (d *demo) longWorker(ctx context.Context, q querier, g *gate, idx int, dela
 		// The transaction runs to completion whatever the gate says; only the run's end stops it.
 		var val string
 		err = tx.QueryRow(ctx, lockSQL, row).Scan(&val)
-		if err == nil && sleepCtx(ctx, hold) {
+		if err == nil && sleepCtx(hold, holdFor) {
 			err = tx.Commit(ctx)
 		} else if err == nil {
-			err = ctx.Err()
+			err = hold.Err()
 		}
 		if err != nil {
 			rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			_ = tx.Rollback(rctx)
 			rcancel()
-			if ctx.Err() != nil {
+			if hold.Err() != nil {
 				return
 			}
 			rec.longFailed(classify(err), err)
@@ -299,9 +343,9 @@ func (d *demo) progress(ctx context.Context, name string, rec *recorder) <-chan 
 				if p.recent > 0 {
 					recent = fmtDur(p.recentP99)
 				}
-				d.logf("   %-8s %4.0fs %-10s lookups: %5d sent %5d done %4d failed %5d waiting, p99 of last 1s %s | long tx: %d committed",
+				d.logf("   %-16s %4.0fs %-10s lookups: %5d sent %5d done %4d failed %5d waiting, p99 of last 1s %s | long tx: %d committed | slow: %d done",
 					name, time.Since(rec.start).Seconds(), p.phase, p.sent, p.done, p.failed, p.sent-p.done-p.failed,
-					recent, p.long)
+					recent, p.long, p.slow)
 			}
 		}
 	}()
