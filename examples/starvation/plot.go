@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"image/color"
 	"math"
@@ -22,41 +23,51 @@ var contenderColors = map[string]color.Color{
 	"pgxpool":  color.RGBA{R: 214, G: 39, B: 40, A: 255},
 	"two-pool": color.RGBA{R: 255, G: 127, B: 14, A: 255},
 	"pgxlanes": color.RGBA{R: 31, G: 119, B: 180, A: 255},
+	// learning off: the same hue as pgxlanes, lighter, and dashed
+	"pgxlanes-nolearn": color.RGBA{R: 148, G: 103, B: 189, A: 255},
 }
 
-// drawPlot draws three panels: the p99 of short-query latency over time for the loaded
-// contenders (top), and the latency distribution of each contender in the steady and the burst
-// phase (bottom), with latency on a log scale and the percentile on a scale that spreads the tail.
+// drawPlot draws four panels: the p99 of short-query latency over time for the contenders under
+// load (top), and the latency distribution of each contender in the steady, burst and slow phases
+// (bottom), with latency on a log scale and the percentile on a scale that spreads the tail.
 func drawPlot(r *report, cfg *config, path string) error {
-	const w, h = 12 * vg.Inch, 9 * vg.Inch
+	const w, h = 16 * vg.Inch, 10 * vg.Inch
 	format := strings.TrimPrefix(filepath.Ext(path), ".")
 	cw, err := draw.NewFormattedCanvas(w, h, format)
 	if err != nil {
 		return err
 	}
 	dc := draw.New(cw)
-	top := draw.Crop(dc, 0, 0, h*0.45, 0)
-	bottom := draw.Crop(dc, 0, 0, 0, -h*0.55)
-	left := draw.Crop(bottom, 0, -w/2, 0, 0)
-	right := draw.Crop(bottom, w/2, 0, 0, 0)
+	top := draw.Crop(dc, 0, 0, h*0.5, 0)
+	bottom := draw.Crop(dc, 0, 0, 0, -h*0.5)
 
 	over, err := overTimePlot(r, cfg)
 	if err != nil {
 		return err
 	}
-	steady, err := cdfPlot(r, fmt.Sprintf("steady phase: %d long transactions, %g lookups/s", cfg.longWorkers, cfg.rate),
-		func(c *contenderResult) *phaseResult { return c.Steady })
-	if err != nil {
-		return err
+	panels := []*plot.Plot{over}
+	for _, c := range []struct {
+		title string
+		ph    phase
+	}{
+		{fmt.Sprintf("steady: %d long transactions, %g lookups/s", cfg.longWorkers, cfg.rate), phaseSteady},
+		{fmt.Sprintf("burst: %d long transactions, %g lookups/s of %v each", cfg.burstLongWorkers, cfg.burstRate, cfg.burstWork), phaseBurst},
+		{fmt.Sprintf("slow: %d clients of %s, %g lookups/s", cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow},
+	} {
+		p, err := cdfPlot(r, c.title, func(cr *contenderResult) *phaseResult { return *cr.phase(c.ph) })
+		if err != nil {
+			return err
+		}
+		panels = append(panels, p)
 	}
-	burst, err := cdfPlot(r, fmt.Sprintf("burst phase: %d long transactions, %g lookups/s of %v each", cfg.burstLongWorkers,
-		cfg.burstRate, cfg.burstWork), func(c *contenderResult) *phaseResult { return c.Burst })
-	if err != nil {
-		return err
+	margin := func(c draw.Canvas) draw.Canvas {
+		return draw.Crop(c, vg.Millimeter*3, -vg.Millimeter*3, vg.Millimeter*3, -vg.Millimeter*3)
 	}
-	over.Draw(draw.Crop(top, vg.Millimeter*3, -vg.Millimeter*3, vg.Millimeter*3, -vg.Millimeter*3))
-	steady.Draw(draw.Crop(left, vg.Millimeter*3, -vg.Millimeter*3, vg.Millimeter*3, -vg.Millimeter*3))
-	burst.Draw(draw.Crop(right, vg.Millimeter*3, -vg.Millimeter*3, vg.Millimeter*3, -vg.Millimeter*3))
+	over.Draw(margin(top))
+	for i, p := range panels[1:] {
+		third := w / 3
+		p.Draw(margin(draw.Crop(bottom, third*vg.Length(i), -third*vg.Length(2-i), 0, 0)))
+	}
 
 	f, err := os.Create(path)
 	if err != nil {
@@ -104,7 +115,7 @@ func cdfPlot(r *report, title string, get func(*contenderResult) *phaseResult) (
 		}
 		l.Color = contenderColors[c.Name]
 		l.Width = vg.Points(2)
-		if c.Name == "idle" {
+		if c.Name == "idle" || c.Name == "pgxlanes-nolearn" {
 			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
 		}
 		p.Add(l)
@@ -125,12 +136,14 @@ func legendName(c *contenderResult, pr *phaseResult) string {
 }
 
 // overTimePlot draws the p99 of the lookups scheduled in each quarter second, for the contenders
-// that ran the long transactions (the idle baseline has another timeline), with the phases marked.
+// under load (the idle baseline has another timeline), with the phases marked. A window whose p99
+// falls on a failed lookup is drawn on the "failed" line at the top. pgxlanes-nolearn runs only
+// the learn and slow phases: its line is shifted to line up with the others'.
 func overTimePlot(r *report, cfg *config) (*plot.Plot, error) {
 	const window = 250.0 // ms
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("short-query p99 per %gms window (all contenders: %d conns; dashed lines: phase boundaries)", window, cfg.conns)
-	p.X.Label.Text = "seconds since the contender started (long transactions start at 0, lookups after the ramp)"
+	p.X.Label.Text = "seconds since the contender started (long transactions start at 0, lookups after the ramp; the slow statements at learn)"
 	p.Y.Label.Text = "p99 latency, ms (log scale)"
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = msTicks{}
@@ -144,32 +157,40 @@ func overTimePlot(r *report, cfg *config) (*plot.Plot, error) {
 	p.Add(plotter.NewGrid())
 	p.Legend.Top, p.Legend.Left = true, true
 
-	lo, hi := math.Inf(1), math.Inf(-1)
-	var bounds []float64
-	var names []string
+	// The reference timeline: the first contender that ran every phase.
+	var ref *contenderResult
 	for _, c := range r.Contenders {
-		if !c.Load {
+		if c.Load && ref == nil {
+			ref = c
+		}
+	}
+	type series struct {
+		c   *contenderResult
+		pts plotter.XYs // Y is +Inf where the p99 is a failed lookup
+	}
+	var all []series
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, c := range r.Contenders {
+		if !c.Load && c.SlowStmts == nil {
 			continue
 		}
-		if bounds == nil {
-			for _, ph := range []*phaseResult{c.Steady, c.Transition, c.Burst} {
-				if ph != nil {
-					bounds = append(bounds, ph.FromS)
-				}
-			}
-			names = []string{"steady", "transition", "burst"}
-			if c.Burst != nil {
-				bounds = append(bounds, c.Burst.FromS+c.Burst.Seconds)
-			}
+		shift := 0.0 // ms
+		if !c.Load && ref != nil && ref.Learn != nil && c.Learn != nil {
+			shift = (ref.Learn.FromS - c.Learn.FromS) * 1000
 		}
 		buckets := map[int][]float64{}
-		for _, pr := range []*phaseResult{c.Steady, c.Transition, c.Burst} {
+		for _, ph := range []phase{phaseSteady, phaseTransition, phaseBurst, phaseLearn, phaseSlow} {
+			pr := *c.phase(ph)
 			if pr == nil {
 				continue
 			}
 			for i, at := range pr.Samples.AtMS {
-				b := int(at / window)
+				b := int((at + shift) / window)
 				buckets[b] = append(buckets[b], pr.Samples.LatencyMS[i])
+			}
+			for _, at := range pr.FailedAtMS {
+				b := int((at + shift) / window)
+				buckets[b] = append(buckets[b], math.Inf(1))
 			}
 		}
 		keys := make([]int, 0, len(buckets))
@@ -183,45 +204,115 @@ func overTimePlot(r *report, cfg *config) (*plot.Plot, error) {
 			slices.Sort(v)
 			y := max(v[rank(len(v), 0.99)], 0.001)
 			pts = append(pts, plotter.XY{X: (float64(k) + 0.5) * window / 1000, Y: y})
-			lo, hi = min(lo, y), max(hi, y)
+			if !math.IsInf(y, 1) {
+				lo, hi = min(lo, y), max(hi, y)
+			}
 		}
-		if len(pts) == 0 {
-			continue
+		if len(pts) > 0 {
+			all = append(all, series{c, pts})
 		}
-		l, err := plotter.NewLine(pts)
-		if err != nil {
-			return nil, err
-		}
-		l.Color = contenderColors[c.Name]
-		l.Width = vg.Points(2)
-		p.Add(l)
-		p.Legend.Add(c.Name, l)
 	}
 	if lo > hi {
 		return p, nil
 	}
-	// A decade of headroom above the highest point, for the legend.
-	p.Y.Min, p.Y.Max = math.Pow(10, math.Floor(math.Log10(lo))), math.Pow(10, math.Ceil(math.Log10(hi))+1)
-	for i, b := range bounds {
-		l, err := plotter.NewLine(plotter.XYs{{X: b, Y: p.Y.Min}, {X: b, Y: p.Y.Max}})
+	// pgxlanes-nolearn last, dashed, so that pgxlanes' line does not hide it where they agree.
+	slices.SortStableFunc(all, func(a, b series) int {
+		return cmp.Compare(boolInt(a.c.Name == "pgxlanes-nolearn"), boolInt(b.c.Name == "pgxlanes-nolearn"))
+	})
+	// At least half a decade above the highest p99, so that it is not read as a latency.
+	failLevel := math.Pow(10, math.Ceil(math.Log10(hi))+0.5)
+	// A decade of headroom above the failed line, for the legend.
+	p.Y.Min, p.Y.Max = math.Pow(10, math.Floor(math.Log10(lo))), failLevel*10
+	for _, s := range all {
+		for i := range s.pts {
+			if math.IsInf(s.pts[i].Y, 1) {
+				s.pts[i].Y = failLevel
+			}
+		}
+		l, err := plotter.NewLine(s.pts)
 		if err != nil {
 			return nil, err
+		}
+		l.Color = contenderColors[s.c.Name]
+		l.Width = vg.Points(2)
+		if s.c.Name == "pgxlanes-nolearn" {
+			l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+		}
+		p.Add(l)
+		p.Legend.Add(s.c.Name, l)
+	}
+	xmax, failed := 0.0, false
+	for _, s := range all {
+		xmax = max(xmax, s.pts[len(s.pts)-1].X)
+		for _, pt := range s.pts {
+			failed = failed || pt.Y == failLevel
+		}
+	}
+	if failed {
+		if err := addFailLine(p, xmax, failLevel); err != nil {
+			return nil, err
+		}
+	}
+	if ref == nil {
+		return p, nil
+	}
+	return p, addPhaseBounds(p, ref)
+}
+
+// addFailLine draws the "failed" line of overTimePlot.
+func addFailLine(p *plot.Plot, xmax, failLevel float64) error {
+	failLine, err := plotter.NewLine(plotter.XYs{{X: 0, Y: failLevel}, {X: xmax, Y: failLevel}})
+	if err != nil {
+		return err
+	}
+	failLine.Color = color.RGBA{R: 200, A: 255}
+	failLine.Dashes = []vg.Length{vg.Points(1), vg.Points(3)}
+	p.Add(failLine)
+	failLabel, err := plotter.NewLabels(plotter.XYLabels{XYs: []plotter.XY{{X: 0.05, Y: failLevel * 1.15}},
+		Labels: []string{"failed: more than 1% of the window's lookups failed"}})
+	if err != nil {
+		return err
+	}
+	p.Add(failLabel)
+	return nil
+}
+
+// addPhaseBounds marks the phases of ref, the reference timeline, on overTimePlot.
+func addPhaseBounds(p *plot.Plot, ref *contenderResult) error {
+	type bound struct {
+		at   float64
+		name string
+	}
+	var bounds []bound
+	end := 0.0
+	for _, ph := range []phase{phaseSteady, phaseTransition, phaseBurst, phaseLearn, phaseSlow} {
+		if pr := *ref.phase(ph); pr != nil {
+			bounds = append(bounds, bound{pr.FromS, ph.String()})
+			end = pr.FromS + pr.Seconds
+		}
+	}
+	bounds = append(bounds, bound{end, ""})
+	for _, b := range bounds {
+		l, err := plotter.NewLine(plotter.XYs{{X: b.at, Y: p.Y.Min}, {X: b.at, Y: p.Y.Max}})
+		if err != nil {
+			return err
 		}
 		l.Color = color.Gray{Y: 90}
 		l.Dashes = []vg.Length{vg.Points(5), vg.Points(4)}
 		p.Add(l)
-		if i < len(names) && i+1 < len(bounds) {
-			labels, err := plotter.NewLabels(plotter.XYLabels{
-				XYs:    []plotter.XY{{X: b + 0.05, Y: p.Y.Max * 0.5}},
-				Labels: []string{names[i]},
-			})
-			if err != nil {
-				return nil, err
-			}
-			p.Add(labels)
+		if b.name == "" {
+			continue
 		}
+		labels, err := plotter.NewLabels(plotter.XYLabels{
+			XYs:    []plotter.XY{{X: b.at + 0.05, Y: p.Y.Max * 0.5}},
+			Labels: []string{b.name},
+		})
+		if err != nil {
+			return err
+		}
+		p.Add(labels)
 	}
-	return p, nil
+	return nil
 }
 
 // msTicks labels a log axis of milliseconds at every power of ten: "0.1ms" … "1ms" … "1s".
@@ -273,4 +364,11 @@ func (ninesTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ticks
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
