@@ -4,7 +4,8 @@
 //
 //  1. plain pgxpool;
 //  2. two pgxpools, fast and heavy, splitting the same total (the usual hand-made workaround);
-//  3. pgxlanes with its default lanes;
+//  3. pgxlanes with its default lanes, learning slow statements (the default);
+//  4. in the slow phase only, pgxlanes with learning off (lane_short_slow_threshold=0);
 //
 // and, as a baseline, the same short lookups on an idle pgxlanes pool.
 //
@@ -13,7 +14,11 @@
 // lookups on other rows, issued open-loop at a fixed rate: latency is measured from the time a
 // lookup was scheduled, so waiting for a connection shows up as latency. A burst phase then lightens
 // the long load and spikes the short traffic, to show what borrowing idle connections buys over a
-// fixed split.
+// fixed split. A slow phase then replaces the transactions with a slow statement nobody annotated:
+// clients run "select pg_sleep(1.5)" through QueryRow back to back, which fills a pool of 8 unless
+// the pool learns that the statement is slow. Its first seconds are a learning period, reported on
+// their own; the two-pool split sends the unannotated statement, like every plain query, to its
+// fast pool.
 //
 // It prints a table, the ratios the project targets, writes the raw figures as JSON (-json) and
 // draws the short-query latency of each contender (-plot). With no -dsn and no DATABASE_URL it
@@ -101,8 +106,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: starvation [flags]\n\n"+
-			"Runs the same workload against pgxpool, a two-pool split and pgxlanes, with the same total\n"+
-			"number of connections, and reports short-query latency. See docs/demo.md.\n\nflags:\n")
+			"Runs the same workload against pgxpool, a two-pool split and pgxlanes (learning slow statements\n"+
+			"or not), with the same total number of connections, and reports short-query latency.\n"+
+			"See docs/demo.md.\n\nflags:\n")
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&c.dsn, "dsn", os.Getenv("DATABASE_URL"), "PostgreSQL to use (default $DATABASE_URL; if empty, a throwaway server from the integration harness)")

@@ -259,7 +259,12 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 	}
 	res.Long.Committed = len(r.longs)
 	if len(r.longs) > 0 {
-		res.Long.PerSecond = round3(float64(len(r.longs)) / elapsed.Seconds())
+		// Over the time the transactions ran: until the learning period, when they are cut short.
+		span := elapsed
+		if info := r.phases[phaseLearn]; info.set {
+			span = info.from
+		}
+		res.Long.PerSecond = round3(float64(len(r.longs)) / span.Seconds())
 	}
 	for k := kindAcquireTimeout; k < numKinds; k++ {
 		for range r.longFail[k] {

@@ -117,7 +117,8 @@ func (f *failed) add(k errKind) {
 func (f failed) total() int { return f.AcquireTimeout + f.LaneFull + f.Deadline + f.Other }
 
 type longResult struct {
-	Committed   int       `json:"committed"`
+	Committed int `json:"committed"`
+	// PerSecond is over the time the transactions ran: from the start to the learning period.
 	PerSecond   float64   `json:"per_second"`
 	Failed      failed    `json:"failed"`
 	AcquireWait waitStats `json:"acquire_wait_ms"`
