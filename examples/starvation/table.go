@@ -29,7 +29,7 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		fmt.Fprintln(tw, "contender\tp50\tp99\tp99.9\tmax\tacquire p99\tacquire max\tok\tfailed\t(timeout/full/deadline/other)\t"+last)
 		for _, c := range r.Contenders {
 			pr := *c.phase(ph)
-			if pr == nil {
+			if pr == nil || pr.Issued == 0 { // no lookups: -learn 0
 				continue
 			}
 			last := "-\t"
