@@ -1,5 +1,6 @@
 // Package otelmetrics exports a pgxlanes pool's figures as OpenTelemetry metrics, following the
-// db.client.connection.* instruments of the OpenTelemetry semantic conventions (v1.44). Those
+// db.client.connection.* instruments of the OpenTelemetry semantic conventions v1.41.0 (the newest
+// that the OpenTelemetry Go module v1.44.0 ships, go.opentelemetry.io/otel/semconv/v1.41.0). Those
 // instruments are marked Development in the conventions: their names, units and attributes may
 // still change, and this package follows them when they do.
 //

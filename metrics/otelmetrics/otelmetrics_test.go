@@ -281,9 +281,9 @@ func TestBadInput(t *testing.T) {
 	assert.ErrorContains(t, err, "WithPoolName")
 }
 
-// TestSemconvNames checks the instruments' names against the newest semantic conventions
-// package of the OpenTelemetry Go module (v1.41.0; the db.client.connection.* instruments are the
-// same in v1.44).
+// TestSemconvNames checks the instruments' names against semconv v1.41.0's dbconv, the newest
+// semantic conventions package of the OpenTelemetry Go module this module requires (v1.44.0),
+// which is the version the package documentation states.
 func TestSemconvNames(t *testing.T) {
 	otel := newSDK(t)
 	pool, err := pgxlanes.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?sslmode=disable")
