@@ -209,13 +209,6 @@ func (g *Guard) Unwatch(l *Lease) {
 	g.mu.Unlock()
 }
 
-// Watched returns the number of leases watched.
-func (g *Guard) Watched() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(g.h)
-}
-
 // Close stops the guard's goroutine and waits for actions under way. Leases still watched are
 // dropped.
 func (g *Guard) Close() {
