@@ -26,11 +26,11 @@ import (
 // connection is kept, as pgxpool does not: the cleaning (cancel, drain) happens after the caller
 // got control back.
 
-// TestDeadlineReturnsOnTimeAndKeepsSessions runs the same 30 deadlines through pgxlanes and
+// TestDeadlineReturnsOnTimeAndKeepsSessions runs the same 100 deadlines through pgxlanes and
 // plain pgxpool: each returns about at its deadline with errors.Is(err, DeadlineExceeded), and
-// pgxlanes opens no new server session for them.
+// pgxlanes opens at most 3 new server sessions for them (issue 11's goal per 100 deadlines).
 func TestDeadlineReturnsOnTimeAndKeepsSessions(t *testing.T) {
-	const n, deadline = 30, 50 * time.Millisecond
+	const n, deadline = 100, 50 * time.Millisecond
 	run := func(exec func(context.Context) error) (returns []time.Duration, errs []error) {
 		for range n {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
@@ -67,14 +67,18 @@ func TestDeadlineReturnsOnTimeAndKeepsSessions(t *testing.T) {
 	figure(t, "deadline.pgxlanes_return_ms", ms(medL))
 	figure(t, "deadline.pgxpool_return_ms", ms(medP))
 	figure(t, "deadline.return_ratio", float64(medL)/float64(medP))
-	figure(t, "deadline.pgxlanes_new_sessions_per_30", float64(newL))
-	figure(t, "deadline.pgxpool_new_sessions_per_30", float64(newP))
-	// Generous bounds on a shared machine: the goal (deadline + 5 ms on loopback) is measured
-	// in the benchmark and docs/design.md; here pgxlanes must not be slower than pgxpool by more
-	// than noise, and nothing near the 100 ms that pgx's cancel handler used to add.
+	figure(t, "deadline.pgxlanes_new_sessions_per_100", float64(newL)*100/n)
+	figure(t, "deadline.pgxpool_new_sessions_per_100", float64(newP)*100/n)
+	// The names of the first runs, which made 30 deadlines: the same rates, per 30.
+	figure(t, "deadline.pgxlanes_new_sessions_per_30", float64(newL)*30/n)
+	figure(t, "deadline.pgxpool_new_sessions_per_30", float64(newP)*30/n)
+	// Generous bounds on a shared machine: the goal (deadline + 5 ms on loopback) is measured by
+	// BenchmarkDeadline (bench_deadline_test.go, the overshoot past the deadline side by side with
+	// pgxpool); here pgxlanes must not be slower than pgxpool by more than noise, and nothing near
+	// the 100 ms that pgx's cancel handler used to add.
 	assert.Less(t, medL, medP+20*time.Millisecond, "pgxlanes median return vs pgxpool's")
 	assert.Less(t, medL, deadline+40*time.Millisecond)
-	assert.LessOrEqual(t, newL, int64(3), "pgxlanes keeps its connections")
+	assert.LessOrEqual(t, newL*100/n, int64(3), "pgxlanes keeps its connections: at most 3 new sessions per 100 deadlines")
 	assert.GreaterOrEqual(t, newP, int64(n/2), "pgxpool closes a connection per deadline: the comparison did not reproduce")
 }
 
