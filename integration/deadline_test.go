@@ -94,10 +94,13 @@ func TestDeadlineErrorOnEveryPath(t *testing.T) {
 	dsn := newDB(t, 10)
 	bg := context.Background()
 	p := newLanes(t, dsn, "pool_max_conns=4")
-	// A commit that runs a deferred trigger sleeping 1s, for a Commit interrupted by its ctx.
+	// A commit that runs a deferred trigger sleeping 1s, for a Commit interrupted by its ctx, and a
+	// table whose every row sleeps 1s on insert, for a COPY interrupted by its ctx.
 	_, err := p.Exec(bg, `create table slow_commit (id int);
 		create function sleep_trigger() returns trigger language plpgsql as $$ begin perform pg_sleep(1); return null; end $$;
-		create constraint trigger slow after insert on slow_commit deferrable initially deferred for each row execute function sleep_trigger()`)
+		create constraint trigger slow after insert on slow_commit deferrable initially deferred for each row execute function sleep_trigger();
+		create table slow_copy (id int);
+		create trigger slow before insert on slow_copy for each row execute function sleep_trigger()`)
 	require.NoError(t, err)
 	require.NoError(t, p.Ping(bg))
 	before := sessions(t, dsn)
@@ -165,6 +168,62 @@ func TestDeadlineErrorOnEveryPath(t *testing.T) {
 			_, err = c.Exec(ctx, "select pg_sleep(2)")
 			return err
 		}},
+		{"Pool.CopyFrom", func(t *testing.T) error {
+			ctx, cancel := short()
+			defer cancel()
+			_, err := p.CopyFrom(ctx, pgx.Identifier{"slow_copy"}, []string{"id"}, pgx.CopyFromRows([][]any{{1}, {2}}))
+			return err
+		}},
+		{"Tx.CopyFrom", func(t *testing.T) error {
+			tx, err := p.Begin(bg)
+			require.NoError(t, err)
+			defer tx.Rollback(bg) //nolint:errcheck
+			ctx, cancel := short()
+			defer cancel()
+			_, err = tx.CopyFrom(ctx, pgx.Identifier{"slow_copy"}, []string{"id"}, pgx.CopyFromRows([][]any{{1}, {2}}))
+			return err
+		}},
+		{"Tx.Query rows", func(t *testing.T) error {
+			tx, err := p.Begin(bg)
+			require.NoError(t, err)
+			defer tx.Rollback(bg) //nolint:errcheck
+			ctx, cancel := short()
+			defer cancel()
+			rows, err := tx.Query(ctx, "select generate_series(1, 100000000)")
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+			}
+			return rows.Err()
+		}},
+		{"Tx.SendBatch", func(t *testing.T) error {
+			tx, err := p.Begin(bg)
+			require.NoError(t, err)
+			defer tx.Rollback(bg) //nolint:errcheck
+			ctx, cancel := short()
+			defer cancel()
+			b := &pgx.Batch{}
+			b.Queue("select 1")
+			b.Queue("select pg_sleep(2)")
+			return tx.SendBatch(ctx, b).Close()
+		}},
+		{"Conn.Query rows", func(t *testing.T) error {
+			c, err := p.Acquire(bg)
+			require.NoError(t, err)
+			defer c.Release()
+			ctx, cancel := short()
+			defer cancel()
+			rows, err := c.Query(ctx, "select generate_series(1, 100000000)")
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+			}
+			return rows.Err()
+		}},
 		{"Conn.SendBatch", func(t *testing.T) error {
 			c, err := p.Acquire(bg)
 			require.NoError(t, err)
@@ -182,6 +241,12 @@ func TestDeadlineErrorOnEveryPath(t *testing.T) {
 			err := path.run(t)
 			took := time.Since(start)
 			require.ErrorIs(t, err, context.DeadlineExceeded)
+			// The statement was in flight when the deadline came: the server's cancel is reachable.
+			var pgErr *pgconn.PgError
+			if assert.ErrorAs(t, err, &pgErr, "the statement was interrupted in flight: %v", err) {
+				assert.Equal(t, "57014", pgErr.Code)
+			}
+			assert.GreaterOrEqual(t, took, 100*time.Millisecond, "returned before the deadline")
 			assert.Less(t, took, 600*time.Millisecond, "returned after %v", took)
 			lanesIdle(t, p, path.name)
 		})
