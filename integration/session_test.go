@@ -63,13 +63,46 @@ func settings(t *testing.T, q interface {
 	return st, lt
 }
 
+// allSettings reads the session's timeouts and its idle-in-transaction timeout, which a
+// transaction's budget sets as a server-side backstop.
+func allSettings(t *testing.T, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) []string {
+	t.Helper()
+	return allSettingsCtx(t, context.Background(), q)
+}
+
+func allSettingsCtx(t *testing.T, ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) []string {
+	t.Helper()
+	var st, lt, it string
+	require.NoError(t, q.QueryRow(ctx, allSettingsSQL).Scan(&st, &lt, &it))
+	return []string{st, lt, it}
+}
+
+// batchSettings reads what allSettings reads from the next result of a batch, which must be
+// allSettingsSQL's, and closes the batch.
+func batchSettings(t *testing.T, br pgx.BatchResults) []string {
+	t.Helper()
+	var st, lt, it string
+	require.NoError(t, br.QueryRow().Scan(&st, &lt, &it))
+	require.NoError(t, br.Close())
+	return []string{st, lt, it}
+}
+
+const allSettingsSQL = "select current_setting('statement_timeout'), current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')"
+
 // TestSettingsNeverLeak checks current_setting on every path: no lane's setting reaches a user
 // of another lane, a hijacked connection, or a pgxpool hook that expects the session defaults.
 // One connection serves every path, so a leak would show.
 func TestSettingsNeverLeak(t *testing.T) {
 	bg := context.Background()
+	// Tx's budget is explicit (cancel, 60s): its transactions get a backstop of 126s
+	// (idle_in_transaction_session_timeout), past its statement timeout of 30s.
 	cfg, err := pgxlanes.ParseConfig(withParams(newDB(t, 1),
-		"pool_max_conns=1&lane_short_statement_timeout=5s&lane_short_lock_timeout=1s&lane_tx_statement_timeout=30s&lane_tx_lock_timeout=7s&lane_long_statement_timeout=0&lane_long_lock_timeout=9s"))
+		"pool_max_conns=1&lane_short_statement_timeout=5s&lane_short_lock_timeout=1s&lane_tx_statement_timeout=30s&lane_tx_lock_timeout=7s&lane_long_statement_timeout=0&lane_long_lock_timeout=9s"+
+			"&lane_tx_budget=60s&lane_tx_over_budget=cancel"))
 	require.NoError(t, err)
 	var mu sync.Mutex
 	var hooks []string
@@ -122,6 +155,143 @@ func TestSettingsNeverLeak(t *testing.T) {
 	check("Long statement", []string{"0", "9s"}, lst, llt)
 	st, lt = settings(t, p)
 	check("short statement after a Long one", defaults, st, lt)
+
+	// The session defaults, with no idle-in-transaction backstop; Tx's transactions get theirs.
+	sessionDefaults := []string{"5s", "1s", "0"}
+	shortAfter := func(what string) {
+		t.Helper()
+		assert.Equal(t, sessionDefaults, allSettings(t, p), "short statement after "+what)
+	}
+	// What a row inserted into "seen" records of the session that inserted it: COPY runs the
+	// trigger on the connection that COPY runs on.
+	_, err = p.Exec(bg, `create table seen (id int, st text, lt text, it text);
+		create function record_settings() returns trigger language plpgsql as $$ begin
+			new.st := current_setting('statement_timeout'); new.lt := current_setting('lock_timeout');
+			new.it := current_setting('idle_in_transaction_session_timeout'); return new; end $$;
+		create trigger record before insert on seen for each row execute function record_settings()`)
+	require.NoError(t, err)
+	seen := func(id int) []string {
+		t.Helper()
+		var st, lt, it string
+		require.NoError(t, p.QueryRow(bg, "select st, lt, it from seen where id = $1", id).Scan(&st, &lt, &it))
+		return []string{st, lt, it}
+	}
+
+	// CopyFrom runs on the Tx lane, with its timeouts (not a transaction's backstop).
+	n, err := p.CopyFrom(bg, pgx.Identifier{"seen"}, []string{"id"}, pgx.CopyFromRows([][]any{{1}}))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	assert.Equal(t, []string{"30s", "7s", "0"}, seen(1), "CopyFrom")
+	shortAfter("a CopyFrom")
+	// And on the lane the context names.
+	_, err = p.CopyFrom(long, pgx.Identifier{"seen"}, []string{"id"}, pgx.CopyFromRows([][]any{{2}}))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"0", "9s", "0"}, seen(2), "CopyFrom on Long")
+	shortAfter("a Long CopyFrom")
+
+	// Batches: on Short, on the lane the context names, and one that begins a transaction.
+	b := &pgx.Batch{}
+	b.Queue(allSettingsSQL)
+	assert.Equal(t, sessionDefaults, batchSettings(t, p.SendBatch(bg, b)), "short batch")
+	assert.Equal(t, []string{"0", "9s", "0"}, batchSettings(t, p.SendBatch(long, b)), "Long batch")
+	shortAfter("a Long batch")
+	bt := &pgx.Batch{}
+	bt.BeginTx(pgx.TxOptions{})
+	bt.Queue(allSettingsSQL)
+	br := p.SendBatch(bg, bt)
+	txOfBatch := br.Tx()
+	defer txOfBatch.Rollback(bg) //nolint:errcheck
+	_, err = br.Exec() // the BEGIN
+	require.NoError(t, err)
+	assert.Equal(t, []string{"30s", "7s", "126s"}, batchSettings(t, br), "batch that begins a transaction")
+	require.NoError(t, txOfBatch.Commit(bg))
+	shortAfter("a batch's transaction")
+	c, err = p.Acquire(bg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"30s", "7s", "0"}, batchSettings(t, c.SendBatch(bg, b)), "held connection's batch")
+	c.Release()
+	shortAfter("a held connection's batch")
+
+	// AcquireAllIdle: the idle connection on the Tx lane, then on the lane the context names.
+	pgserver.Eventually(t, 5*time.Second, "the connection idle", func() bool { return p.Stat().IdleConns() == 1 })
+	idle := p.AcquireAllIdle(bg)
+	require.Len(t, idle, 1)
+	assert.Equal(t, []string{"30s", "7s", "0"}, allSettings(t, idle[0]), "AcquireAllIdle")
+	idle[0].Release()
+	shortAfter("AcquireAllIdle")
+	pgserver.Eventually(t, 5*time.Second, "the connection idle", func() bool { return p.Stat().IdleConns() == 1 })
+	idle = p.AcquireAllIdle(long)
+	require.Len(t, idle, 1)
+	assert.Equal(t, []string{"0", "9s", "0"}, allSettings(t, idle[0]), "AcquireAllIdle on Long")
+	idle[0].Release()
+	shortAfter("AcquireAllIdle on Long")
+
+	// WithBudget: a transaction's budget of 4s (cancel) makes a backstop of 2×4s + 1s = 9s, which
+	// also caps its statement timeout; a held connection keeps its lane's timeouts.
+	err = pgx.BeginFunc(pgxlanes.WithBudget(bg, 4*time.Second), p, func(tx pgx.Tx) error {
+		assert.Equal(t, []string{"9s", "7s", "9s"}, allSettings(t, tx), "transaction with WithBudget")
+		return nil
+	})
+	require.NoError(t, err)
+	shortAfter("a transaction with WithBudget")
+	err = pgx.BeginFunc(bg, p, func(tx pgx.Tx) error {
+		assert.Equal(t, []string{"30s", "7s", "126s"}, allSettings(t, tx), "transaction after one with WithBudget")
+		return nil
+	})
+	require.NoError(t, err)
+	c, err = p.Acquire(pgxlanes.WithBudget(bg, pgxlanes.Off))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"30s", "7s", "0"}, allSettings(t, c), "held connection with WithBudget(Off)")
+	c.Release()
+	shortAfter("a held connection with WithBudget")
+
+	// A connection whose statement a deadline interrupted is cleaned off the caller's path and
+	// kept: its next user, on another lane, gets its own lane's settings.
+	var pid uint32
+	require.NoError(t, p.QueryRow(bg, "select pg_backend_pid()").Scan(&pid))
+	opened := p.Stat().NewConnsCount()
+	interrupt := func(what string, run func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(bg, 100*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, run(ctx), context.DeadlineExceeded, what)
+		lanesIdle(t, p, "after "+what)
+	}
+	interrupt("a Long statement", func(ctx context.Context) error {
+		_, err := p.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select pg_sleep(2)")
+		return err
+	})
+	shortAfter("a Long statement cut by its deadline")
+	interrupt("a Long statement, again", func(ctx context.Context) error {
+		_, err := p.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select pg_sleep(2)")
+		return err
+	})
+	c, err = p.Acquire(bg)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"30s", "7s", "0"}, allSettings(t, c), "held Tx connection after a Long statement cut by its deadline")
+	c.Release()
+	interrupt("a held connection's statement", func(ctx context.Context) error {
+		c, err := p.Acquire(bg)
+		require.NoError(t, err)
+		defer c.Release()
+		_, err = c.Exec(ctx, "select pg_sleep(2)")
+		return err
+	})
+	assert.Equal(t, []string{"0", "9s", "0"}, allSettingsCtx(t, pgxlanes.WithLane(bg, pgxlanes.Long), p),
+		"Long statement after a held connection's statement cut by its deadline")
+	shortAfter("a Long statement")
+	interrupt("a statement of a transaction with WithBudget", func(ctx context.Context) error {
+		tx, err := p.Begin(pgxlanes.WithBudget(bg, 4*time.Second))
+		require.NoError(t, err)
+		defer tx.Rollback(bg) //nolint:errcheck
+		_, err = tx.Exec(ctx, "select pg_sleep(2)")
+		return err
+	})
+	shortAfter("a transaction's statement cut by its deadline (its backstop gone)")
+	var pidAfter uint32
+	require.NoError(t, p.QueryRow(bg, "select pg_backend_pid()").Scan(&pidAfter))
+	assert.Equal(t, pid, pidAfter, "the interrupted connection was kept")
+	assert.Equal(t, opened, p.Stat().NewConnsCount(), "no connection opened for the interrupted ones")
 
 	c, err = p.Acquire(bg)
 	require.NoError(t, err)
