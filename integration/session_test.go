@@ -201,7 +201,8 @@ func TestSettingsNeverLeak(t *testing.T) {
 	br := p.SendBatch(bg, bt)
 	txOfBatch := br.Tx()
 	defer txOfBatch.Rollback(bg) //nolint:errcheck
-	_, err = br.Exec() // the BEGIN
+	// The batch's first result is its BEGIN's.
+	_, err = br.Exec()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"30s", "7s", "126s"}, batchSettings(t, br), "batch that begins a transaction")
 	require.NoError(t, txOfBatch.Commit(bg))
