@@ -145,41 +145,64 @@ func TestUnannotatedStormIsLearned(t *testing.T) {
 
 // TestLockWaitDoesNotDemote: a lookup with a long history of fast runs that waits once on a row
 // lock (600 ms, past the slow threshold) stays in Short, and keeps its latency while Long is
-// saturated, where a demoted lookup would queue.
+// saturated, where a demoted lookup would queue. The lookup that waits is the very statement
+// whose history the pool keeps: the same SQL text, taking the row lock itself.
 func TestLockWaitDoesNotDemote(t *testing.T) {
 	bg := context.Background()
+	const threshold, wait = 250 * time.Millisecond, 600 * time.Millisecond
 	p := newLanes(t, newDB(t, 100), "pool_max_conns=8&lane_short_slow_threshold=250ms&lane_long_max_conns=1")
-	const lookup = "select v from items where id = $1"
+	const lookup = "select v from items where id = $1 for update"
 	for i := range 50 {
 		require.NoError(t, p.QueryRow(bg, lookup, 1+i%100).Scan(new(int)))
 	}
-	// One lookup waits 600 ms on a row lock.
+	require.Zero(t, p.Stat().Learning().Tracked, "fast runs leave no slow history")
+
+	// The lookup of row 1 waits on the row lock of another transaction, released after 600 ms.
 	tx, err := p.Begin(bg)
 	require.NoError(t, err)
 	_, err = tx.Exec(bg, "select 1 from items where id = 1 for update")
 	require.NoError(t, err)
-	time.AfterFunc(600*time.Millisecond, func() { _ = tx.Commit(bg) })
+	committed := make(chan error, 1)
+	time.AfterFunc(wait, func() { committed <- tx.Commit(bg) })
 	start := time.Now()
-	_, err = p.Exec(bg, "update items set v = v where id = $1", 1)
-	require.NoError(t, err)
 	require.NoError(t, p.QueryRow(bg, lookup, 1).Scan(new(int)))
-	t.Logf("the lock wait took %v", fmtDur(time.Since(start)))
+	waited := time.Since(start)
+	require.NoError(t, <-committed)
+	t.Logf("the lookup's lock wait took %v", fmtDur(waited))
+	require.GreaterOrEqual(t, waited, wait-50*time.Millisecond, "the lookup waited on the lock")
+	ls := p.Stat().Learning()
+	assert.Equal(t, 1, ls.Tracked, "the pool counted the lookup's slow run")
+	assert.Zero(t, ls.Demoted, "a lookup that waited once stays in Short")
+	assert.Zero(t, ls.Demotions)
+
 	// Long saturated: its one connection held by an annotated report.
 	held, err := p.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
 	require.NoError(t, err)
 	defer held.Release()
+	longBefore := p.Stat().Lane(pgxlanes.Long).Acquires
 
 	var l latencies
+	var failed error
 	for i := range 300 {
+		// Demoted, a lookup would queue behind the held report for Long's acquire timeout: each
+		// is cut at 2 s, and the first failure ends the loop.
+		ctx, cancel := context.WithTimeout(bg, 2*time.Second)
 		t0 := time.Now()
-		require.NoError(t, p.QueryRow(bg, lookup, 1+i%100).Scan(new(int)))
+		err := p.QueryRow(ctx, lookup, 1+i%100).Scan(new(int))
+		cancel()
+		if err != nil {
+			failed = err
+			break
+		}
 		l.add(time.Since(t0))
 	}
-	p99, _ := l.quantile(0.99)
-	t.Logf("lookups after the lock wait, Long saturated: p99 %v", fmtDur(p99))
-	assert.Zero(t, p.Stat().Learning().Demoted, "a lookup that waited once stays in Short")
-	// Demoted, the lookups would queue behind the held report for Long's 30s acquire timeout.
-	assert.Less(t, p99, 250*time.Millisecond)
+	p99, n := l.quantile(0.99)
+	t.Logf("lookups after the lock wait, Long saturated: %d, p99 %v", n, fmtDur(p99))
+	require.NoError(t, failed, "a lookup after the lock wait")
+	assert.Equal(t, 300, n)
+	assert.Zero(t, p.Stat().Learning().Demoted, "the lookup still in Short")
+	assert.Equal(t, longBefore, p.Stat().Lane(pgxlanes.Long).Acquires, "no lookup went to Long")
+	assert.Less(t, p99, threshold)
 }
 
 // TestLearningRespectsAnnotations: WithLane always wins over what the pool learned, and learning
