@@ -57,8 +57,11 @@ func TestReleasedConnNeverReachesTheConnection(t *testing.T) {
 	_, err = stale.Begin(bg)
 	require.ErrorIs(t, err, pgxlanes.ErrReleased)
 	require.ErrorIs(t, stale.Ping(bg), pgxlanes.ErrReleased)
+	// A transaction taken from the connection before Release (committed then) refuses too.
 	_, err = txOfStale.Exec(bg, "rollback")
-	require.Error(t, err, "a transaction of the released connection")
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, "a transaction of the released connection")
+	require.ErrorIs(t, txOfStale.Rollback(bg), pgxlanes.ErrReleased)
+	require.ErrorIs(t, txOfStale.Commit(bg), pgxlanes.ErrReleased)
 	assert.Panics(t, func() { stale.Conn() }, "Conn after Release")
 	assert.Panics(t, func() { stale.Hijack() }, "Hijack after Release")
 	stale.Release() // a second Release is a no-op
@@ -67,6 +70,96 @@ func TestReleasedConnNeverReachesTheConnection(t *testing.T) {
 	var n int
 	require.NoError(t, p.QueryRow(bg, "select count(*) from t").Scan(&n))
 	assert.Equal(t, 1, n, "the other caller's committed row")
+
+	// Rows and a transaction still open at Release: the connection is busy and inside a
+	// transaction, so it is destroyed, not reused (Conn.Release's documentation); the stale rows
+	// and transaction fail with ErrReleased and never reach a connection.
+	var pidBefore, pidAfter uint32
+	stale, err = p.Acquire(bg)
+	require.NoError(t, err)
+	require.NoError(t, stale.QueryRow(bg, "select pg_backend_pid()").Scan(&pidBefore))
+	openTx, err := stale.Begin(bg)
+	require.NoError(t, err)
+	_, err = openTx.Exec(bg, "insert into t values (2)")
+	require.NoError(t, err)
+	openRows, err := openTx.Query(bg, "select generate_series(1, 1000000)")
+	require.NoError(t, err)
+	require.True(t, openRows.Next())
+	stale.Release()
+	checkStaleRows(t, "rows of a transaction", openRows, "Scan")
+	checkStaleTx(t, "a transaction open at Release", openTx)
+
+	// And rows of the held connection itself, then a batch's results not yet read.
+	stale, err = p.Acquire(bg)
+	require.NoError(t, err)
+	connRows, err := stale.Query(bg, "select generate_series(1, 1000000)")
+	require.NoError(t, err)
+	require.True(t, connRows.Next())
+	stale.Release()
+	checkStaleRows(t, "rows of the connection", connRows, "Values")
+
+	stale, err = p.Acquire(bg)
+	require.NoError(t, err)
+	require.NoError(t, stale.QueryRow(bg, "select pg_backend_pid()").Scan(&pidAfter))
+	assert.NotEqual(t, pidBefore, pidAfter, "the connection released busy in a transaction was destroyed")
+	b := &pgx.Batch{}
+	b.Queue("insert into t values (3)")
+	b.Queue("select 1")
+	staleBatch := stale.SendBatch(bg, b)
+	row := stale.QueryRow(bg, "select 1") // pgx: conn busy until the batch is closed, or ErrReleased
+	stale.Release()
+	_, err = staleBatch.Exec()
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, "a batch's result read after Release")
+	require.ErrorIs(t, staleBatch.QueryRow().Scan(new(int)), pgxlanes.ErrReleased)
+	require.ErrorIs(t, staleBatch.Close(), pgxlanes.ErrReleased)
+	require.ErrorIs(t, row.Scan(new(int)), pgxlanes.ErrReleased, "a row scanned after Release")
+
+	// Whatever reached the server reached it before Release: row 2's transaction never
+	// committed; the batch ran in autocommit, its insert may or may not have been executed
+	// before the connection was closed.
+	require.NoError(t, p.QueryRow(bg, "select count(*) from t where id = 2").Scan(&n))
+	assert.Zero(t, n, "the transaction open at Release did not commit")
+	lanesIdle(t, p, "after the stale handles")
+}
+
+// checkStaleRows checks that rows of a released connection refuse reads with ErrReleased: first
+// (the first read after Release) either Scan or Values, then Next and Err.
+func checkStaleRows(t *testing.T, what string, rows pgx.Rows, first string) {
+	t.Helper()
+	switch first {
+	case "Scan":
+		require.ErrorIs(t, rows.Scan(new(int)), pgxlanes.ErrReleased, what+": Scan")
+	case "Values":
+		_, err := rows.Values()
+		require.ErrorIs(t, err, pgxlanes.ErrReleased, what+": Values")
+	}
+	assert.False(t, rows.Next(), what+": Next after Release")
+	require.ErrorIs(t, rows.Err(), pgxlanes.ErrReleased, what)
+	assert.Nil(t, rows.Conn(), what+": Conn")
+	rows.Close()
+	require.ErrorIs(t, rows.Err(), pgxlanes.ErrReleased, what+": Err after Close")
+}
+
+// checkStaleTx checks that a transaction of a released connection refuses every call with
+// ErrReleased.
+func checkStaleTx(t *testing.T, what string, tx pgx.Tx) {
+	t.Helper()
+	bg := context.Background()
+	_, err := tx.Exec(bg, "rollback")
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, what+": Exec")
+	_, err = tx.Query(bg, "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, what+": Query")
+	require.ErrorIs(t, tx.QueryRow(bg, "select 1").Scan(new(int)), pgxlanes.ErrReleased, what+": QueryRow")
+	require.ErrorIs(t, tx.SendBatch(bg, &pgx.Batch{QueuedQueries: []*pgx.QueuedQuery{{SQL: "rollback"}}}).Close(), pgxlanes.ErrReleased, what+": SendBatch")
+	_, err = tx.CopyFrom(bg, pgx.Identifier{"t"}, []string{"id"}, pgx.CopyFromRows([][]any{{4}}))
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, what+": CopyFrom")
+	_, err = tx.Prepare(bg, "stale", "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, what+": Prepare")
+	_, err = tx.Begin(bg)
+	require.ErrorIs(t, err, pgxlanes.ErrReleased, what+": Begin (savepoint)")
+	require.ErrorIs(t, tx.Commit(bg), pgxlanes.ErrReleased, what+": Commit")
+	require.ErrorIs(t, tx.Rollback(bg), pgxlanes.ErrReleased, what+": Rollback")
+	assert.Panics(t, func() { tx.Conn() }, what+": Conn")
 }
 
 // TestBudgetWrapsEveryTransaction: transactions begun on a held connection and savepoints of a
