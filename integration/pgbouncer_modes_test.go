@@ -55,7 +55,9 @@ func TestPgBouncerHeadline(t *testing.T) {
 		// Head-of-line blocking would put the p99 at the 1.5 s hold; 250 ms leaves room for a
 		// loaded machine.
 		assert.Less(t, p99[i], 250*time.Millisecond, "%s: short-lookup p99", r.name)
-		assert.Less(t, maxWait, 250*time.Millisecond, "%s: max short acquire wait (a dial through PgBouncer included)", r.name)
+		// The max is the one worst wait, a dial through PgBouncer included: on a loaded 2-core
+		// machine it reached 634 ms once. Head-of-line blocking puts it at the 1.5 s hold.
+		assert.Less(t, maxWait, hold/2, "%s: max short acquire wait (a dial through PgBouncer included)", r.name)
 		lanesIdle(t, p, r.name)
 		p.Close()
 		if r.b != nil {

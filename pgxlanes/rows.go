@@ -77,9 +77,19 @@ func (r *leaseRows) Next() bool {
 	return true
 }
 
+// stale reports whether the rows belong to a lease that was released: they must not reach its
+// connection, which may serve another caller, however often they are asked.
+func (r *leaseRows) stale() bool {
+	if r.release || !r.l.released.Load() {
+		return false
+	}
+	r.gone()
+	return true
+}
+
 func (r *leaseRows) Scan(dest ...any) error {
-	if r.gone() {
-		return r.err
+	if r.stale() {
+		return ErrReleased
 	}
 	err := r.Rows.Scan(dest...)
 	if err != nil {
@@ -89,8 +99,8 @@ func (r *leaseRows) Scan(dest ...any) error {
 }
 
 func (r *leaseRows) Values() ([]any, error) {
-	if r.gone() {
-		return nil, r.err
+	if r.stale() {
+		return nil, ErrReleased
 	}
 	values, err := r.Rows.Values()
 	if err != nil {
@@ -131,6 +141,7 @@ type leaseBatch struct {
 	l       *lease
 	release bool     // Close releases l
 	tx      *leaseTx // the pool batch's transaction, or nil
+	heldTx  *leaseTx // a held connection's or transaction's batch's transaction, made by Tx
 	closed  bool
 	err     error // Close's error, returned again by a second Close as pgx does
 	// hidden is the number of pgxlanes' own queries (a transaction's SET LOCALs behind a
@@ -200,8 +211,17 @@ func (br *leaseBatch) Close() error {
 }
 
 func (br *leaseBatch) Tx() pgx.Tx {
-	if br.tx == nil {
-		return br.br.Tx() // a held connection's or transaction's batch: its owner holds the lease
+	if br.tx != nil {
+		return br.tx
 	}
-	return br.tx
+	// A held connection's or transaction's batch: its owner holds the lease, and the
+	// transaction, like the connection's own calls, never reaches the connection after Release.
+	if br.heldTx == nil {
+		t := br.br.Tx()
+		if t == nil {
+			return nil
+		}
+		br.heldTx = &leaseTx{t: t, l: br.l}
+	}
+	return br.heldTx
 }

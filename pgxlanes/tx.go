@@ -121,7 +121,15 @@ func (tx *leaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	return &leaseBatch{br: tx.t.SendBatch(ctx, b), l: tx.l}
 }
 
-func (tx *leaseTx) LargeObjects() pgx.LargeObjects { return tx.t.LargeObjects() }
+// LargeObjects returns the transaction's large objects. It panics once the lease ended, when the
+// connection may serve another caller, as Conn does. pgx.LargeObjects is pgx's own type and calls
+// the connection directly: do not keep one past the end of its transaction.
+func (tx *leaseTx) LargeObjects() pgx.LargeObjects {
+	if tx.l.released.Load() {
+		panic("pgxlanes: Tx.LargeObjects called after the transaction's connection was released")
+	}
+	return tx.t.LargeObjects()
+}
 
 func (tx *leaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
 	if err := tx.check(); err != nil {
