@@ -7,6 +7,7 @@
 #   docs/figures.sh            # everything, about 15 minutes
 #   RUNS=7 docs/figures.sh tests
 #   docs/figures.sh bench
+#   DEMO_PLOT=docs/starvation.png docs/figures.sh demo
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -41,6 +42,40 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
 	echo
 	echo "== figures (from integration tests, built without -race, $RUNS runs)"
 	summarize "$out"/run*.log
+fi
+
+# demo_figures FILE: the ratios and targets of one demo run as "figure: <name> <value>" lines.
+demo_figures() {
+	awk '
+		/^ratios/ { sect = "ratio"; next }
+		/^targets/ { sect = "target"; next }
+		/^$/ { sect = ""; next }
+		sect == "ratio" && match($0, /[0-9.]+×/) {
+			name = substr($0, 1, RSTART - 1); v = substr($0, RSTART, RLENGTH - 2)
+			gsub(/^ +| +$/, "", name); gsub(/ \/ /, "_over_", name); gsub(/[ ,]+/, "_", name); print "figure: demo.ratio." name " " v
+		}
+		sect == "target" && /want/ {
+			name = substr($0, 3, 44); split(substr($0, 47), rest, " "); v = rest[1]; sub(/×$/, "", v)
+			gsub(/^ +| +$/, "", name); gsub(/ \/ /, "_over_", name); gsub(/[ ,:]+/, "_", name)
+			if (v ~ /^[0-9.]+$/) print "figure: demo.target." name " " v
+		}' "$1"
+}
+
+if [ "$what" = all ] || [ "$what" = demo ]; then
+	echo
+	echo "== the starvation demo, full size ($RUNS runs, one after the other)"
+	(cd examples && go build -o "$out/starvation" ./starvation)
+	for i in $(seq "$RUNS"); do
+		echo "demo run $i of $RUNS (load $(cut -d' ' -f1 /proc/loadavg))" >&2
+		"$out/starvation" -quiet -plot "$out/demo$i.png" -json "$out/demo$i.json" >"$out/demo$i.txt" 2>&1 ||
+			echo "demo run $i exited non-zero (a missed target, or a failure): see below"
+		demo_figures "$out/demo$i.txt" >"$out/demo$i.fig"
+	done
+	summarize "$out"/demo*.fig
+	echo
+	echo "-- the last run in full (its picture: ${DEMO_PLOT:-not kept; set DEMO_PLOT=docs/starvation.png})"
+	cat "$out/demo$RUNS.txt"
+	if [ -n "${DEMO_PLOT:-}" ]; then cp "$out/demo$RUNS.png" "$DEMO_PLOT"; fi
 fi
 
 if [ "$what" = all ] || [ "$what" = bench ]; then
