@@ -30,7 +30,7 @@ summarize() {
 }
 
 if [ "$what" = all ] || [ "$what" = tests ]; then
-	tests='TestHeadlineShortQueriesNotBlockedByTransactions|TestDeadlineReturnsOnTimeAndKeepsSessions|TestStaleCancelSoak|TestUnannotatedStormIsLearned|TestHeldConnectionCostsOneRoundTrip|TestStdlibHeadline'
+	tests='TestHeadlineShortQueriesNotBlockedByTransactions|TestDeadlineReturnsOnTimeAndKeepsSessions|TestStaleCancelSoak|TestUnannotatedStormIsLearned|TestHeldConnectionCostsOneRoundTrip|TestStdlibHeadline|TestPgBouncerHeadline'
 	# Without -race: the race detector slows every call several times over and would distort
 	# latencies and ratios (make test runs these tests with -race for correctness).
 	(cd integration && go test -c -o "$out/integration.test" . >/dev/null)

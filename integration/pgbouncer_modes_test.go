@@ -64,6 +64,9 @@ func TestPgBouncerHeadline(t *testing.T) {
 			r.b.requireAlive(t, r.name)
 		}
 	}
+	for i, r := range runs {
+		figure(t, "pgbouncer."+r.name+"_p99_ms", ms(p99[i]))
+	}
 	t.Logf("short-lookup p99: direct %s, session %s (%.2f× direct), transaction %s (%.2f× direct)",
 		fmtDur(p99[0]), fmtDur(p99[1]), ratio(p99[1], p99[0]), fmtDur(p99[2]), ratio(p99[2], p99[0]))
 }
