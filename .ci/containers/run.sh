@@ -8,7 +8,8 @@
 #     binaries with build-image.sh unless it is there already;
 #  2. test, with the Docker step forced and on the host's network (PostgreSQL on 127.0.0.1 only):
 #     the Docker step's own tests (pgxlanestest/containers), the integration suite, and the tests
-#     of pgxlanestest if that package exists; every harness start must say it used Docker;
+#     of pgxlanestest (through a workspace and an overlay that link the Docker step into them); every
+#     harness start must say it used Docker;
 #  3. tear down: containers, networks, dockerd; then check with ps that nothing it started is left.
 #
 # Exit status: 0 when the tests passed on the Docker path, 3 when provisioning failed (after a
@@ -292,7 +293,16 @@ gotest() {
 gotest containers pgxlanestest/containers 0 ./...
 gotest integration integration 1 ./...
 if compgen -G 'pgxlanestest/*.go' >/dev/null; then
-	gotest pgxlanestest . 0 ./pgxlanestest/...
+	# pgxlanestest is in the library's module, which must not require the Docker step's module
+	# (that would put testcontainers in every importer's module graph). Its tests link the step
+	# here only: a workspace of both modules, and an overlay that adds one test file importing it.
+	ws="$(mktemp -d /tmp/pgxlanes-ws.XXXXXX)"
+	printf 'go %s\n\nuse (\n\t%s\n\t%s/pgxlanestest/containers\n)\n' \
+		"$(awk '$1 == "go" { print $2; exit }' go.mod)" "$repo" "$repo" >"$ws/go.work"
+	printf 'package pgxlanestest_test\n\nimport _ "github.com/pgxlanes/pgxlanes/pgxlanestest/containers"\n' >"$ws/docker_step_test.go"
+	printf '{"Replace": {"%s/pgxlanestest/zz_docker_step_test.go": "%s/docker_step_test.go"}}\n' "$repo" "$ws" >"$ws/overlay.json"
+	GOWORK="$ws/go.work" gotest pgxlanestest . 1 -overlay "$ws/overlay.json" ./pgxlanestest/...
+	rm -rf "$ws"
 else
 	echo "test-containers: no package pgxlanestest yet: its tests are not run"
 fi
