@@ -39,13 +39,27 @@ func answers(t *testing.T, pool *pgxlanes.Pool) bool {
 	return true
 }
 
+// localShared returns the shared server, which these tests freeze. On the Docker path (make
+// test-containers) freezing it is unsupported by design, which TestFreezeRefusesOtherSources
+// checks, so they are skipped there with that reason; make test runs them on the local server.
+// Any other source fails.
+func localShared(t *testing.T) *pgserver.Server {
+	t.Helper()
+	srv := pgserver.Shared(t)
+	switch srv.Source() {
+	case pgserver.SourceLocal:
+		return srv
+	case pgserver.SourceDocker:
+		t.Skip("the shared server is a Docker container, which Freeze refuses (TestFreezeRefusesOtherSources); make test runs this test on the local server")
+	}
+	t.Fatalf("this test needs the local server; the shared one is from %s", srv.Source())
+	return nil
+}
+
 // TestFreezeSharedServer checks that Freeze stops the shared local server's processes, so that
 // queries hang until the caller's deadline, and that Thaw resumes it.
 func TestFreezeSharedServer(t *testing.T) {
-	srv := pgserver.Shared(t)
-	if srv.Source() != pgserver.SourceLocal {
-		t.Fatalf("this test needs the local server; the shared one is from %s", srv.Source())
-	}
+	srv := localShared(t)
 	pool := pgxlanestest.NewPool(t)
 	require.True(t, answers(t, pool))
 
@@ -63,7 +77,7 @@ func TestFreezeSharedServer(t *testing.T) {
 
 // TestFreezeNests checks that the server thaws when the last of two freezes ends.
 func TestFreezeNests(t *testing.T) {
-	srv := pgserver.Shared(t)
+	srv := localShared(t)
 	pool := pgxlanestest.NewPool(t)
 	f1 := pgxlanestest.Freeze(t, pool, time.Minute)
 	f2 := pgxlanestest.Freeze(t, pool, time.Minute)
@@ -75,7 +89,7 @@ func TestFreezeNests(t *testing.T) {
 
 // TestFreezeEnds checks that a freeze ends when d has passed, and with its test.
 func TestFreezeEnds(t *testing.T) {
-	srv := pgserver.Shared(t)
+	srv := localShared(t)
 	t.Run("by itself", func(t *testing.T) {
 		pgxlanestest.Freeze(t, pgxlanestest.NewPool(t), 200*time.Millisecond)
 		require.True(t, srv.Frozen())
