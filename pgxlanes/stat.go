@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgxlanes/pgxlanes/internal/reserve"
 )
 
