@@ -1,0 +1,295 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// The hot path's benchmarks (issue 22): what the pool itself costs a caller, pgxlanes beside
+// pgxpool in the same run, each through benchPool. Compare with
+//
+//	go test -run '^$' -bench 'HotPath' -count 6 . | tee hot.txt
+//	benchstat -col /Impl hot.txt
+
+// hotImpls are the contenders: plain pgxpool, and pgxlanes on the lane named.
+func hotImpls(lanes ...pgxlanes.Lane) []benchImpl {
+	impls := []benchImpl{{"pgxpool", openPgxpool}}
+	for _, l := range lanes {
+		name := "pgxlanes"
+		if len(lanes) > 1 {
+			name += "-" + l.String()
+		}
+		impls = append(impls, benchImpl{name, openLanes(l)})
+	}
+	return impls
+}
+
+// BenchmarkHotPathAcquireRelease is Acquire and Release with no query, from 1, 8 and 64
+// goroutines on 8 connections: the pool's own cost, and its allocations.
+func BenchmarkHotPathAcquireRelease(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	ctx := context.Background()
+	acq := func(p benchPool) error { return p.acquireRelease(ctx) }
+	for _, clients := range []int{1, 8, 64} {
+		for _, impl := range hotImpls(pgxlanes.Short, pgxlanes.Tx) {
+			b.Run(fmt.Sprintf("Clients=%d/Impl=%s", clients, impl.name), func(b *testing.B) {
+				p := openWarm(b, impl, dsn, acq)
+				runClients(b, clients, func() error { return acq(p) })
+			})
+		}
+	}
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkHotPathClientCPU reports the client's CPU time per statement (cpu-ns/op, from
+// getrusage: this process only, the server excluded) for each kind of call, 8 clients on 8
+// connections.
+func BenchmarkHotPathClientCPU(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	ctx := context.Background()
+	kinds := []struct {
+		name string
+		run  func(p benchPool) error
+	}{
+		{"QueryRow", func(p benchPool) error {
+			var n int
+			return p.QueryRow(ctx, "select 1").Scan(&n)
+		}},
+		{"Exec", func(p benchPool) error {
+			return exec(ctx, p, "select 1")
+		}},
+		{"Tx1", func(p benchPool) error {
+			tx, err := p.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "select 1"); err != nil {
+				_ = tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx)
+		}},
+		{"Batch10", func(p benchPool) error {
+			var batch pgx.Batch
+			for range 10 {
+				batch.Queue("select 1")
+			}
+			return p.SendBatch(ctx, &batch).Close()
+		}},
+		{"Held", func(p benchPool) error { return heldExec(ctx, p, "select 1") }},
+	}
+	for _, kind := range kinds {
+		for _, impl := range hotImpls(pgxlanes.Short) {
+			b.Run(fmt.Sprintf("Kind=%s/Impl=%s", kind.name, impl.name), func(b *testing.B) {
+				p := openWarm(b, impl, dsn, kind.run)
+				start := cpuTime()
+				runClients(b, benchConns, func() error { return kind.run(p) })
+				b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+			})
+		}
+	}
+}
+
+// BenchmarkHotPathThroughput is SELECT 1 through QueryRow from 8 to 256 clients on pools of 8
+// and 32: end-to-end throughput on loopback.
+func BenchmarkHotPathThroughput(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	ctx := context.Background()
+	selectOne := func(p benchPool) error {
+		var n int
+		return p.QueryRow(ctx, "select 1").Scan(&n)
+	}
+	for _, size := range []int32{8, 32} {
+		for _, clients := range []int{8, 64, 256} {
+			for _, impl := range []benchImpl{
+				{"pgxpool", sized(size, openPgxpoolDSN)},
+				{"pgxlanes", sized(size, openLanesDSN(pgxlanes.Short))},
+			} {
+				b.Run(fmt.Sprintf("Conns=%d/Clients=%d/Impl=%s", size, clients, impl.name), func(b *testing.B) {
+					p := impl.open(b, dsn)
+					b.Cleanup(p.Close)
+					runClients(b, clients, func() error { return selectOne(p) })
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkHotPathWaiterHeap reports the heap each queued waiter costs (B/waiter): 10,000
+// callers wait on a one-connection pool whose connection is held.
+func BenchmarkHotPathWaiterHeap(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	const waiters = 10_000
+	for _, impl := range []benchImpl{
+		{"pgxpool", sized(1, openPgxpoolDSN)},
+		{"pgxlanes", sized(1, openLanesWaiters(waiters))},
+	} {
+		b.Run("Impl="+impl.name, func(b *testing.B) {
+			p := impl.open(b, dsn)
+			b.Cleanup(p.Close)
+			var perWaiter float64
+			for b.Loop() {
+				release, waiting, err := hold(context.Background(), p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				before := heapInUse()
+				ctx, cancel := context.WithCancel(context.Background())
+				var wg sync.WaitGroup
+				for range waiters {
+					wg.Go(func() { _ = waitOn(ctx, p) })
+				}
+				for waiting() < waiters {
+					runtime.Gosched()
+				}
+				perWaiter = float64(heapInUse()-before) / waiters
+				cancel()
+				wg.Wait()
+				release()
+			}
+			b.ReportMetric(perWaiter, "B/waiter")
+		})
+	}
+}
+
+// waitOn acquires and releases a connection of p under ctx.
+func waitOn(ctx context.Context, p benchPool) error {
+	switch p := p.(type) {
+	case lanesBench:
+		c, err := p.Acquire(pgxlanes.WithLane(ctx, pgxlanes.Tx))
+		if err != nil {
+			return err
+		}
+		c.Release()
+		return nil
+	}
+	return p.acquireRelease(ctx)
+}
+
+// parkedIn counts the goroutines whose stack has fn in it.
+func parkedIn(fn string) int {
+	buf := make([]byte, 64<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), fn)
+}
+
+func heapInUse() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// sized opens pgxpool or pgxlanes (on Short) with MaxConns = MinConns = n.
+func sized(n int32, open func(testing.TB, string) benchPool) func(testing.TB, string) benchPool {
+	return func(tb testing.TB, dsn string) benchPool {
+		return open(tb, dsn+sep(dsn)+fmt.Sprintf("pool_max_conns=%d&pool_min_conns=%d", n, n))
+	}
+}
+
+// openPgxpoolDSN is plain pgxpool sized by its DSN.
+func openPgxpoolDSN(tb testing.TB, dsn string) benchPool {
+	p, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return pgxpoolBench{p}
+}
+
+// openLanesDSN is pgxlanes on lane l, sized and tuned by its DSN.
+func openLanesDSN(l pgxlanes.Lane) func(testing.TB, string) benchPool {
+	return func(tb testing.TB, dsn string) benchPool {
+		p, err := pgxlanes.New(context.Background(), dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return lanesBench{Pool: p, ctx: pgxlanes.WithLane(context.Background(), l)}
+	}
+}
+
+func sep(dsn string) string {
+	if strings.Contains(dsn, "?") {
+		return "&"
+	}
+	return "?"
+}
+
+// openLanesWaiters is pgxlanes on Tx with room for n waiters and no acquire timeout.
+func openLanesWaiters(n int) func(testing.TB, string) benchPool {
+	return func(tb testing.TB, dsn string) benchPool {
+		return openLanesDSN(pgxlanes.Tx)(tb, dsn+fmt.Sprintf("&lane_tx_max_waiters=%d&lane_tx_acquire_timeout=10m", n))
+	}
+}
+
+// exec runs sql through the pool's Exec.
+func exec(ctx context.Context, p benchPool, sql string) error {
+	var err error
+	switch p := p.(type) {
+	case pgxpoolBench:
+		_, err = p.Exec(ctx, sql)
+	case lanesBench:
+		_, err = p.Exec(ctx, sql)
+	}
+	return err
+}
+
+// heldExec acquires a connection, runs sql on it and releases it.
+func heldExec(ctx context.Context, p benchPool, sql string) error {
+	var err error
+	switch p := p.(type) {
+	case pgxpoolBench:
+		var c *pgxpool.Conn
+		if c, err = p.Acquire(ctx); err == nil {
+			_, err = c.Exec(ctx, sql)
+			c.Release()
+		}
+	case lanesBench:
+		var c *pgxlanes.Conn
+		if c, err = p.Acquire(p.ctx); err == nil {
+			_, err = c.Exec(ctx, sql)
+			c.Release()
+		}
+	}
+	return err
+}
+
+// hold takes the pool's connection until release is called, and waiting reports the callers
+// queued behind it.
+func hold(ctx context.Context, p benchPool) (release func(), waiting func() int, err error) {
+	switch p := p.(type) {
+	case pgxpoolBench:
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		// pgxpool has no waiters gauge: count the goroutines parked in its acquire.
+		return c.Release, func() int { return parkedIn("pgxpool.(*Pool).Acquire") }, nil
+	case lanesBench:
+		c, err := p.Acquire(pgxlanes.WithBudget(p.ctx, pgxlanes.Off))
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.Release, func() int { return parkedIn("pgxlanes.(*Pool).Acquire") }, nil
+	}
+	return nil, nil, fmt.Errorf("unknown pool %T", p)
+}
