@@ -65,9 +65,9 @@ type RetryError struct {
 
 func (e *RetryError) Error() string {
 	if e.Reason == RetryReasonUnknown {
-		return fmt.Sprintf("pgxlanes: commit outcome unknown after %d attempts, not retried: %v", e.Attempts, e.Err)
+		return fmt.Sprintf("pgxlanes: commit outcome unknown at attempt %d, not retried: %v", e.Attempts, e.Err)
 	}
-	return fmt.Sprintf("pgxlanes: retry gave up after %d attempts in %v (%s): %v", e.Attempts, e.Elapsed.Round(time.Millisecond), e.Reason, e.Err)
+	return fmt.Sprintf("pgxlanes: retry gave up after %d attempt(s) in %v (%s): %v", e.Attempts, e.Elapsed.Round(time.Millisecond), e.Reason, e.Err)
 }
 
 // Unwrap returns the sentinel, the last attempt's error and, when ctx stopped the retries
@@ -135,8 +135,9 @@ type RetryOptions struct {
 // new lease on its lane (Tx, or the lane ctx names) with its own budget.
 //
 // An attempt is retried when BEGIN, fn or COMMIT fails with an error whose SQLSTATE is 40001
-// (serialization_failure) or 40P01 (deadlock_detected), or that pgx marks safe to retry
-// (pgconn.SafeToRetry: nothing was sent). fn's transaction is rolled back whenever fn returns an
+// (serialization_failure) or 40P01 (deadlock_detected), or when BEGIN or fn fails with an error
+// that pgx marks safe to retry (pgconn.SafeToRetry: a connection that failed before the request
+// was sent; the transaction did not commit). fn's transaction is rolled back whenever fn returns an
 // error or panics. The error is returned, and nothing is retried, when:
 //   - it is any other error, fn's own included: returned as it is;
 //   - ctx ended: the error of the call it interrupted is returned as it is (it matches ctx's
@@ -145,8 +146,9 @@ type RetryOptions struct {
 //     *RetryError that matches ErrRetryGaveUp and the last attempt's error;
 //   - COMMIT failed with an outcome that cannot be known: a *RetryError that matches
 //     ErrRetryCommitUnknown. That is a Commit error that carries no answer of the server's (no
-//     *pgconn.PgError) and was not marked safe to retry: the connection was lost, or ctx ended,
-//     while COMMIT was in flight. The transaction may have committed.
+//     *pgconn.PgError): the connection was lost, or ctx ended, while COMMIT was in flight. The
+//     transaction may have committed. pgconn.SafeToRetry does not make a Commit error
+//     retryable: pgx marks "conn closed" safe to retry even when COMMIT was sent and committed.
 //
 // fn may run more than once, so it must have no effect outside its transaction, or only effects
 // that are idempotent: keyed with an idempotency key that a unique index makes the transaction
@@ -321,20 +323,24 @@ func (o *RetryOptions) code(err error) string {
 }
 
 // commitUnknown reports whether a Commit's error leaves the outcome unknown: it is not an answer
-// of the server's, was not refused before anything was sent, and is not one of pgx's and the
-// pool's own refusals of a transaction that was over already.
+// of the server's, and not one of pgx's and the pool's own refusals to send COMMIT.
+//
+// pgconn.SafeToRetry is not trusted here: when the connection fails while pgx reads the answer
+// to a request it sent, pgx closes it and reports "conn closed", an error it marks safe to retry
+// (pgx #2428, #2557). Measured in integration/retry_test.go: COMMIT reached the server and
+// committed, and Commit's error was marked safe to retry.
 func commitUnknown(err error) bool {
 	var pe *pgconn.PgError
 	var be *BudgetError
 	switch {
-	case pgconn.SafeToRetry(err):
-		return false // nothing was sent
 	case errors.Is(err, pgx.ErrTxCommitRollback), errors.Is(err, pgx.ErrTxClosed), errors.Is(err, ErrReleased):
 		return false // the transaction had failed, or was ended by fn itself: not this COMMIT's doing
 	case errors.As(err, &be) && be.Err == nil:
 		return false // the guard ended the transaction; Commit refused to send COMMIT
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
-		return true // ctx ended while COMMIT was in flight: the server may have committed
+		// ctx had ended before COMMIT was sent (pgconn marks that one safe to retry), or ended
+		// while it was in flight: then the server may have committed.
+		return !pgconn.SafeToRetry(err)
 	case errors.As(err, &pe):
 		return false // the server answered COMMIT with an error: it rolled back
 	}

@@ -36,6 +36,13 @@ type safeErr struct{}
 func (safeErr) Error() string     { return "dial tcp: connection refused" }
 func (safeErr) SafeToRetry() bool { return true }
 
+// ctxDoneBeforeSend is pgconn's error for a request whose ctx had ended before it was sent.
+type ctxDoneBeforeSend struct{}
+
+func (ctxDoneBeforeSend) Error() string     { return "context already done: context canceled" }
+func (ctxDoneBeforeSend) SafeToRetry() bool { return true }
+func (ctxDoneBeforeSend) Unwrap() error     { return context.Canceled }
+
 // script is an attempt function: its nth call returns the nth pair (the last one over and over),
 // and it records when each call started on the bubble's clock.
 type script struct {
@@ -97,7 +104,7 @@ func TestRetryBackoffSchedule(t *testing.T) {
 		require.ErrorAs(t, err, &pe)
 		assert.Equal(t, "40001", pe.Code)
 		assert.NotErrorIs(t, err, context.DeadlineExceeded)
-		assert.Contains(t, err.Error(), "gave up after 10 attempts")
+		assert.Contains(t, err.Error(), "gave up after 10 attempt(s)")
 	})
 }
 
@@ -233,7 +240,9 @@ func TestRetryClassification(t *testing.T) {
 		{"40P01 in fn", pgxlanes.RetryOptions{}, fail(deadlock), "retry", "40P01"},
 		{"40001 at commit", pgxlanes.RetryOptions{}, failCommit(serialization), "retry", "40001"},
 		{"safe to retry at begin", pgxlanes.RetryOptions{}, fail(safeErr{}), "retry", pgxlanes.RetryCodeConn},
-		{"safe to retry at commit", pgxlanes.RetryOptions{}, failCommit(safeErr{}), "retry", pgxlanes.RetryCodeConn},
+		// pgx marks "conn closed" safe to retry even when COMMIT was sent (integration/retry_test.go).
+		{"safe to retry at commit", pgxlanes.RetryOptions{}, failCommit(safeErr{}), "unknown", ""},
+		{"ctx ended before commit was sent", pgxlanes.RetryOptions{}, failCommit(&ctxDoneBeforeSend{}), "as-is", ""},
 		{"23505", pgxlanes.RetryOptions{}, fail(uniqueKey), "as-is", ""},
 		{"55P03 by default", pgxlanes.RetryOptions{}, fail(lockTimeout), "as-is", ""},
 		{"55P03 listed", pgxlanes.RetryOptions{RetryCodes: append(pgxlanes.DefaultRetryCodes(), "55P03")}, fail(lockTimeout), "retry", "55P03"},
