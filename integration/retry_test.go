@@ -283,10 +283,11 @@ func TestRetrySerializableTransfers(t *testing.T) {
 			dsn := newBank(t, 4)
 			counts := &retryCounts{}
 			var db pgxlanes.Beginner
+			var lanes *pgxlanes.Pool
 			if which == "pgxlanes" {
-				p := newLanes(t, dsn, "pool_max_conns=16")
-				p.AddObserver(counts)
-				db = p
+				lanes = newLanes(t, dsn, "pool_max_conns=16")
+				lanes.AddObserver(counts)
+				db = lanes
 			} else {
 				db = newPgxpool(t, dsn, "pool_max_conns=16")
 			}
@@ -301,6 +302,8 @@ func TestRetrySerializableTransfers(t *testing.T) {
 				assert.Positive(t, counts.retries["40001"], "40001 happened and was retried: the test exercises the retries")
 				assert.Equal(t, counts.gaveUp, gaveUp)
 				assert.Equal(t, len(specs)+sumMap(counts.retries), counts.attempts, "one event per attempt")
+				assert.Equal(t, int64(counts.attempts), lanes.Stat().Lane(pgxlanes.Tx).Acquires, "each attempt a lease of its own on Tx")
+				lanesIdle(t, lanes, "after the transfers")
 			}
 		})
 	}
@@ -421,10 +424,11 @@ func TestRetryCommitOutcomeUnknown(t *testing.T) {
 
 // TestRetryJitterVersusFixed compares pauses in the same run, on bursts: 8 callers released
 // together each move money out of the same hot account under SERIALIZABLE, with 5 ms of work
-// inside the transaction; 12 bursts per mode and round, the modes alternating. The losers of a
+// inside the transaction; 16 bursts per mode and round, the modes alternating. The losers of a
 // collision fail together, when the winner commits, so with a fixed pause they come back together
-// and collide again; with jitter they come back spread out. Modes: a fixed 10 ms pause; full
-// jitter below the same 10 ms; and RetryTx's exponential full jitter from a 10 ms base. It logs
+// and collide again; with jitter they come back spread out. Modes: a fixed 20 ms pause (about 3
+// times a transaction's run); full jitter below the same 20 ms; and RetryTx's exponential full
+// jitter from a 20 ms base. It logs
 // throughput and p99 per mode as medians of the rounds with their ranges, and asserts only loosely
 // (the figures are for README; the machine's load moves them). PGXLANES_RETRY_ROUNDS sets the
 // rounds (default 5).
@@ -438,8 +442,8 @@ func TestRetryJitterVersusFixed(t *testing.T) {
 		require.NoError(t, err, "PGXLANES_RETRY_ROUNDS")
 		rounds = n
 	}
-	const callers, bursts = 8, 12
-	const pause = 10 * time.Millisecond
+	const callers, bursts = 8, 16
+	const pause = 20 * time.Millisecond
 	maxRand := func(n int64) int64 { return n - 1 }
 	modes := []struct {
 		name string
@@ -450,7 +454,8 @@ func TestRetryJitterVersusFixed(t *testing.T) {
 		{"exp-jitter", pgxlanes.RetryOptions{MaxAttempts: 100, BaseDelay: pause, MaxDelay: 16 * pause}},
 	}
 	dsn := newBank(t, callers+1)
-	p := newLanes(t, dsn, "pool_max_conns=12")
+	p := newLanes(t, dsn, "pool_max_conns=20") // the Tx lane takes all 8 callers at once: no queue spreads them
+	require.GreaterOrEqual(t, p.Config().Tx.MaxConns, callers)
 	counts := map[string]*retryCounts{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
