@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/faultproxy"
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
@@ -547,4 +548,64 @@ func medianF(v []float64) float64 {
 
 func medianRange(v []float64) string {
 	return fmt.Sprintf("%.0f [%.0f–%.0f]", medianF(v), slices.Min(v), slices.Max(v))
+}
+
+// TestRetryStopsAtDeadline: a row another session holds makes every attempt fail with 55P03 (FOR
+// UPDATE NOWAIT), retried here on request; RetryTx returns before ctx's deadline, without a pause
+// that crosses it, with an error that matches context.DeadlineExceeded and 55P03, every attempt's
+// lease back in its lane and no goroutine left behind. A ctx cancelled during a pause returns at
+// once.
+func TestRetryStopsAtDeadline(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dsn := newBank(t, 2)
+	p, err := pgxlanes.New(context.Background(), withParams(dsn, "pool_max_conns=4"))
+	require.NoError(t, err)
+	defer p.Close()
+	holder, err := pgx.Connect(context.Background(), dsn)
+	require.NoError(t, err)
+	defer holder.Close(context.Background())
+	_, err = holder.Exec(context.Background(), `begin; select 1 from accounts where id = 1 for update`)
+	require.NoError(t, err)
+
+	o := pgxlanes.RetryOptions{RetryCodes: append(pgxlanes.DefaultRetryCodes(), "55P03"), MaxAttempts: 1000,
+		BaseDelay: 20 * time.Millisecond, MaxDelay: 100 * time.Millisecond}
+	lockRow := func(ctx context.Context) func(pgx.Tx) error {
+		return func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `select 1 from accounts where id = 1 for update nowait`)
+			return err
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	err = o.RetryTx(ctx, p, pgx.TxOptions{}, lockRow(ctx))
+	returned := time.Now()
+	var re *pgxlanes.RetryError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, pgxlanes.RetryReasonDeadline, re.Reason)
+	assert.Equal(t, "55P03", re.Code)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	var pe *pgconn.PgError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "55P03", pe.Code)
+	assert.GreaterOrEqual(t, re.Attempts, 2)
+	assert.False(t, returned.After(deadline.Add(50*time.Millisecond)), "returned %v after the deadline", returned.Sub(deadline))
+	t.Logf("%d attempts; returned %v before the deadline", re.Attempts, deadline.Sub(returned).Round(time.Millisecond))
+	assert.Equal(t, int64(re.Attempts), p.Stat().Lane(pgxlanes.Tx).Acquires, "each attempt a lease of its own")
+	lanesIdle(t, p, "after the deadline")
+
+	// Cancelled during a pause of 1 s: returns at once.
+	o.BaseDelay, o.MaxDelay = time.Second, time.Second
+	o.Rand = func(n int64) int64 { return n - 1 }
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, ccancel)
+	t0 := time.Now()
+	err = o.RetryTx(cctx, p, pgx.TxOptions{}, lockRow(cctx))
+	assert.Less(t, time.Since(t0), 700*time.Millisecond)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, err, pgxlanes.ErrRetryGaveUp)
+	lanesIdle(t, p, "after the cancel")
+	_, err = holder.Exec(context.Background(), `rollback`)
+	require.NoError(t, err)
 }
