@@ -116,8 +116,8 @@ type RetryOptions struct {
 	BaseDelay time.Duration
 	// MaxDelay bounds every pause. Default DefaultRetryMaxDelay (1 s).
 	MaxDelay time.Duration
-	// RetryCodes are the SQLSTATEs retried; nil means DefaultRetryCodes (40001, 40P01). To add
-	// one, append to the defaults: lock_not_available (55P03, a lock timeout) is a candidate;
+	// RetryCodes are the SQLSTATEs retried; nil means DefaultRetryCodes (40001, 40P01), an empty
+	// list none. To add one, append to the defaults: lock_not_available (55P03, a lock timeout) is a candidate;
 	// unique_violation (23505) only when the conflict is on a key the transaction chose itself.
 	RetryCodes []string
 	// RetryAcquire retries an attempt that got no connection because its lane's acquire timed out
