@@ -36,7 +36,7 @@ const (
 	RetryReasonMaxElapsed  = "max_elapsed"  // the next attempt would start past RetryOptions.MaxElapsed
 	RetryReasonDeadline    = "deadline"     // the next attempt would start past ctx's deadline, or the deadline passed
 	RetryReasonCanceled    = "canceled"     // ctx was cancelled during a pause
-	RetryReasonUnknown     = "commit_unknown"
+	RetryReasonUnknown     = "commit_unknown" // a Commit's outcome is unknown: ErrRetryCommitUnknown, not a cap
 )
 
 // Sentinels of RetryError. Use errors.Is.
@@ -102,7 +102,8 @@ func DefaultRetryCodes() []string { return []string{"40001", "40P01"} }
 //
 // The pause before retry n (n = 1 after the first attempt) is full jitter: a uniformly random
 // duration in [0, min(MaxDelay, BaseDelay·2^(n-1))). Jitter spreads the callers that collided
-// over the pause, so they do not collide again in step; a fixed pause does (see docs/operations.md).
+// over the pause, so they do not collide again in step; a fixed pause does (README, "Retrying
+// transactions", has the figures).
 type RetryOptions struct {
 	// MaxAttempts caps the attempts, the first included: 1 means no retry. Default
 	// DefaultRetryMaxAttempts (10).
@@ -117,8 +118,9 @@ type RetryOptions struct {
 	// MaxDelay bounds every pause. Default DefaultRetryMaxDelay (1 s).
 	MaxDelay time.Duration
 	// RetryCodes are the SQLSTATEs retried; nil means DefaultRetryCodes (40001, 40P01), an empty
-	// list none. To add one, append to the defaults: lock_not_available (55P03, a lock timeout) is a candidate;
-	// unique_violation (23505) only when the conflict is on a key the transaction chose itself.
+	// list none. To add one, append to the defaults: lock_not_available (55P03, a lock timeout)
+	// is a candidate; unique_violation (23505) only when the conflict is on a key the transaction
+	// chose itself.
 	RetryCodes []string
 	// RetryAcquire retries an attempt that got no connection because its lane's acquire timed out
 	// (ErrAcquireTimeout) or its queue was full (ErrLaneFull). Off by default: those say the pool
