@@ -32,10 +32,10 @@ const (
 
 // Why RetryTx gave up, in RetryError.Reason, RetryEvent.Reason and the reason label of the metrics.
 const (
-	RetryReasonMaxAttempts = "max_attempts" // RetryOptions.MaxAttempts attempts ran
-	RetryReasonMaxElapsed  = "max_elapsed"  // the next attempt would start past RetryOptions.MaxElapsed
-	RetryReasonDeadline    = "deadline"     // the next attempt would start past ctx's deadline, or the deadline passed
-	RetryReasonCanceled    = "canceled"     // ctx was cancelled during a pause
+	RetryReasonMaxAttempts = "max_attempts"   // RetryOptions.MaxAttempts attempts ran
+	RetryReasonMaxElapsed  = "max_elapsed"    // the next attempt would start past RetryOptions.MaxElapsed
+	RetryReasonDeadline    = "deadline"       // the next attempt would start past ctx's deadline, or the deadline passed
+	RetryReasonCanceled    = "canceled"       // ctx was cancelled during a pause
 	RetryReasonUnknown     = "commit_unknown" // a Commit's outcome is unknown: ErrRetryCommitUnknown, not a cap
 )
 
