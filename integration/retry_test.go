@@ -429,7 +429,7 @@ func TestRetryCommitOutcomeUnknown(t *testing.T) {
 // collision fail together, when the winner commits, so with a fixed pause they come back together
 // and collide again; with jitter they come back spread out. Modes: a fixed 20 ms pause (about 3
 // times a transaction's run); full jitter below the same 20 ms; and RetryTx's exponential full
-// jitter from a 20 ms base. It logs
+// jitter from a 20 ms base; and RetryTx's defaults (from 5 ms, up to 1 s). It logs
 // throughput and p99 per mode as medians of the rounds with their ranges, and asserts only loosely
 // (the figures are for README; the machine's load moves them). PGXLANES_RETRY_ROUNDS sets the
 // rounds (default 5).
@@ -453,6 +453,7 @@ func TestRetryJitterVersusFixed(t *testing.T) {
 		{"fixed", pgxlanes.RetryOptions{MaxAttempts: 100, BaseDelay: pause, MaxDelay: pause, Rand: maxRand}},
 		{"jitter", pgxlanes.RetryOptions{MaxAttempts: 100, BaseDelay: pause, MaxDelay: pause}},
 		{"exp-jitter", pgxlanes.RetryOptions{MaxAttempts: 100, BaseDelay: pause, MaxDelay: 16 * pause}},
+		{"defaults", pgxlanes.RetryOptions{MaxAttempts: 100}}, // base 5 ms, cap 1 s
 	}
 	dsn := newBank(t, callers+1)
 	p := newLanes(t, dsn, "pool_max_conns=20") // the Tx lane takes all 8 callers at once: no queue spreads them
@@ -530,7 +531,7 @@ func TestRetryJitterVersusFixed(t *testing.T) {
 		figure(t, "retry_"+m.name+"_tput", medianF(f.tput))
 		figure(t, "retry_"+m.name+"_p99_ms", medianF(f.p99))
 	}
-	for _, name := range []string{"jitter", "exp-jitter"} {
+	for _, name := range []string{"jitter", "exp-jitter", "defaults"} {
 		j, f := got[name], got["fixed"]
 		t.Logf("%s / fixed: throughput ×%.2f, p99 ×%.2f", name, medianF(j.tput)/medianF(f.tput), medianF(j.p99)/medianF(f.p99))
 	}
