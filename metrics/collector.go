@@ -168,6 +168,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.hist.wait.Describe(ch)
 	c.hist.hold.Describe(ch)
+	c.hist.retry.describe(ch)
 }
 
 // Collect implements prometheus.Collector. Every gauge and counter comes from one snapshot of the
@@ -210,4 +211,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	c.hist.wait.Collect(ch)
 	c.hist.hold.Collect(ch)
+	c.hist.retry.collect(ch)
 }

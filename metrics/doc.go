@@ -44,6 +44,13 @@
 //	pgxlanes_acquire_wait_seconds             histogram  wait of every acquire attempt, failed ones too
 //	pgxlanes_hold_seconds                     histogram  how long each lease held its connection
 //
+// Per lane (and tag with WithTags), fed by pgxlanes.RetryTx's attempts:
+//
+//	pgxlanes_retry_attempts_total             counter    transactions run, every attempt counted
+//	pgxlanes_retry_retries_total              counter    attempts run again, label code (SQLSTATE, conn, ...)
+//	pgxlanes_retry_gave_up_total              counter    calls stopped by a cap, label reason
+//	pgxlanes_retry_commit_unknown_total       counter    calls whose COMMIT had an unknown outcome
+//
 // Pool-wide, what the pool learned about unannotated statements sent to Short:
 //
 //	pgxlanes_learning_slow_threshold_seconds  gauge      the threshold (0: learning off)

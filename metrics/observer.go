@@ -25,6 +25,7 @@ type observer struct {
 	series [][]laneSeries
 
 	wait, hold *prometheus.HistogramVec
+	retry      *retryMetrics // RetryTx's counters (retry.go)
 }
 
 // laneSeries are the series of one lane and tag value.
@@ -86,6 +87,7 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 			ob.series[l][ti] = laneSeries{wait: ob.wait.WithLabelValues(lv...), hold: ob.hold.WithLabelValues(lv...)}
 		}
 	}
+	ob.retry = newRetryMetrics(lanes, labels, tagValues, constLabels)
 	return ob
 }
 

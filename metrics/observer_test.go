@@ -99,10 +99,11 @@ func TestTagsAllowList(t *testing.T) {
 	}
 	// Four tag values (checkout, report, none, other) per lane, whatever the callers sent.
 	assert.Equal(t, 3*4, testutil.CollectAndCount(c, "pgxlanes_hold_seconds"), "3 lanes × 4 tag values")
-	// Only the histograms have a tag label: the counters come from Stat, per lane.
+	// Only the histograms and RetryTx's counters (fed by events) have a tag label: the counters
+	// from Stat are per lane.
 	for name, labels := range familyLabels(t, reg) {
 		hasTag := strings.Contains(","+labels+",", ",tag,")
-		isHist := name == "pgxlanes_acquire_wait_seconds" || name == "pgxlanes_hold_seconds"
+		isHist := name == "pgxlanes_acquire_wait_seconds" || name == "pgxlanes_hold_seconds" || strings.HasPrefix(name, "pgxlanes_retry_")
 		assert.Equal(t, isHist, hasTag, "%s has labels %s", name, labels)
 	}
 }

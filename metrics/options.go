@@ -14,7 +14,8 @@ func WithPoolName(name string) Option {
 	return func(o *options) { o.poolName = name }
 }
 
-// WithTags adds a tag label to the two histograms (acquire wait, hold time): a call tagged with
+// WithTags adds a tag label to the two histograms (acquire wait, hold time) and to RetryTx's
+// counters (pgxlanes_retry_*): a call tagged with
 // pgxlanes.WithTag gets its tag as the label value when the tag is in this allow-list, "other"
 // when it is not, and "none" when it has no tag. The list is fixed here so that no caller can
 // raise the number of series. Counts per tag are the histograms' _count series; the counters,

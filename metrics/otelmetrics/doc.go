@@ -23,6 +23,14 @@
 //	db.client.connection.use_time          Histogram s                       every lease's hold time, per lane
 //	db.client.connection.create_time       Histogram s                       every connection opened (ConnectTracer)
 //
+// and pgxlanes' own, fed by pgxlanes.RetryTx's attempts (the conventions have no retry
+// instruments), per lane and without a tag attribute, which no allow-list bounds here:
+//
+//	pgxlanes.retry.attempts                Counter {attempt}                 transactions run, every attempt counted
+//	pgxlanes.retry.retries                 Counter {attempt}                 attempts run again, with pgxlanes.retry.code (a SQLSTATE, conn, ...)
+//	pgxlanes.retry.gave_up                 Counter {call}                    calls stopped by a cap, with pgxlanes.retry.reason
+//	pgxlanes.retry.commit_unknown          Counter {call}                    calls whose COMMIT had an unknown outcome
+//
 // Every measurement carries db.client.connection.pool.name: WithPoolName's, or by default, as
 // the conventions ask of a pool without a name, "host:port/database" of the pool's
 // configuration. A figure that belongs to a lane also carries pgxlanes.lane ("short", "tx",

@@ -94,6 +94,10 @@ func Register(pool *pgxlanes.Pool, opts ...Option) (*Registration, error) {
 		ob.useOpts = append(ob.useOpts, []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(name, lane))})
 	}
 
+	if ob.retry, err = newRetryCounters(m, name, c.lanes); err != nil {
+		return nil, err
+	}
+
 	reg, err := m.RegisterCallback(c.observe, c.count, c.max, c.idleMax, c.idleMin, c.pending, c.timeouts)
 	if err != nil {
 		return nil, fmt.Errorf("otelmetrics: registering the callback: %w", err)
@@ -138,6 +142,7 @@ type observer struct {
 	// waitOpts[lane][outcome] and useOpts[lane] are the record options of a lane's events.
 	waitOpts [][len(errorTypes)][]metric.RecordOption
 	useOpts  [][]metric.RecordOption
+	retry    *retryCounters // RetryTx's counters (retry.go)
 }
 
 // ObserveAcquire records the wait of every acquire, with error.type when it failed.
