@@ -48,5 +48,5 @@ func TestPriorityCountersFromZero(t *testing.T) {
 	}
 	assert.Equal(t, 0.05, value(t, reg, "pgxlanes_lane_priority_age_seconds", lane(pgxlanes.Short)))
 	assert.Zero(t, value(t, reg, "pgxlanes_lane_priority_age_seconds", lane(pgxlanes.Tx)), "off: FIFO")
-	assert.Equal(t, 3.0, value(t, reg, "pgxlanes_lane_priority_age_seconds", lane(pgxlanes.Long)), "a tenth of 30s")
+	assert.Equal(t, 15.0, value(t, reg, "pgxlanes_lane_priority_age_seconds", lane(pgxlanes.Long)), "half of 30s")
 }

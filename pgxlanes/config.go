@@ -32,7 +32,7 @@ const Off = -1
 //	over_budget        cancel             cancel           flag
 //	slow_threshold     1s (learning)      -                -
 //	fleet_max_conns    -                  -                off
-//	priority_age       acquire_timeout/10 (100ms, 1s, 3s)
+//	priority_age       acquire_timeout/2 (500ms, 5s, 15s)
 //	max_tag_share      -                  off              -
 //
 // An unbounded lane (Tx, Long) can reach at most its reserve plus the shared connections (N minus
@@ -93,10 +93,10 @@ type LaneConfig struct {
 	FleetMaxConns int
 	// PriorityAge is how long a caller may be overtaken by callers of higher priority
 	// (WithPriority) in the lane's queue (lane_<lane>_priority_age): once it has waited this
-	// long, it is served before every caller that came after it. Default a tenth of the lane's
-	// AcquireTimeout (100ms, 1s, 3s; the same without an acquire timeout), so that a
-	// low-priority caller moved to the front by ageing still has most of its timeout to be
-	// served. Off: the lane is strictly FIFO and priorities are ignored.
+	// long, it is served before every caller that came after it. Default half the lane's
+	// AcquireTimeout (500ms, 5s, 15s; the same without an acquire timeout): overtaken no longer
+	// than that, a low-priority caller moved to the front by ageing has the other half of its
+	// timeout to be served. Off: the lane is strictly FIFO and priorities are ignored.
 	PriorityAge time.Duration
 	// MaxTagShare is Tx's alone (lane_tx_max_tag_share): the fraction of Tx's cap (above 0, at
 	// most 1) that the callers of one tag (WithTag; untagged callers count as one tag) may hold

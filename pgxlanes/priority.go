@@ -64,19 +64,24 @@ func WithPriority(ctx context.Context, p Priority) context.Context {
 }
 
 // Defaults of LaneConfig.PriorityAge when the lane has no acquire timeout; otherwise the default
-// is a tenth of the acquire timeout (these same values for the default timeouts).
-var priorityAgeDefaults = [numLanes]time.Duration{Short: 100 * time.Millisecond, Tx: time.Second, Long: 3 * time.Second}
+// is half the acquire timeout (these same values for the default timeouts).
+var priorityAgeDefaults = [numLanes]time.Duration{Short: 500 * time.Millisecond, Tx: 5 * time.Second, Long: 15 * time.Second}
 
-// resolvePriority fills in the lane's PriorityAge default: a tenth of its acquire timeout, so
-// that a low-priority caller that ageing moves to the front still has nine tenths of its
-// timeout to be served in FIFO order; a fixed default per lane without an acquire timeout.
+// resolvePriority fills in the lane's PriorityAge default: half its acquire timeout. The age is
+// how long a caller may be overtaken. Longer than the acquire timeout, overtaking would end in a
+// timeout, which is starvation by another name; much shorter, ageing serves the low-priority
+// queue in arrival order as soon as it is that deep, and high priorities stop helping exactly
+// under the overload they are for (with Short's 1s timeout, a tenth would give up at a queue of
+// 100ms). Half leaves a caller moved to the front by ageing the other half of its timeout for
+// the callers that came before it (docs/design.md, "Priorities and ageing"). A fixed default
+// per lane without an acquire timeout.
 func (lc *LaneConfig) resolvePriority(l Lane) {
 	if lc.PriorityAge != 0 {
 		return
 	}
 	lc.PriorityAge = priorityAgeDefaults[l]
 	if lc.AcquireTimeout > 0 {
-		lc.PriorityAge = lc.AcquireTimeout / 10
+		lc.PriorityAge = lc.AcquireTimeout / 2
 	}
 }
 

@@ -37,23 +37,23 @@ func TestPriorityLevel(t *testing.T) {
 
 func TestPriorityConfig(t *testing.T) {
 	r := resolved(t, "postgres://localhost/db?pool_max_conns=10")
-	assert.Equal(t, 100*time.Millisecond, r.Short.PriorityAge, "a tenth of the 1s acquire timeout")
-	assert.Equal(t, time.Second, r.Tx.PriorityAge)
-	assert.Equal(t, 3*time.Second, r.Long.PriorityAge)
+	assert.Equal(t, 500*time.Millisecond, r.Short.PriorityAge, "half the 1s acquire timeout")
+	assert.Equal(t, 5*time.Second, r.Tx.PriorityAge)
+	assert.Equal(t, 15*time.Second, r.Long.PriorityAge)
 	assert.Zero(t, r.Tx.MaxTagShare, "no tag share by default")
 	assert.Zero(t, r.Tx.tagShareSlots())
 
 	r = resolved(t, "postgres://localhost/db?pool_max_conns=10&lane_short_acquire_timeout=300ms&lane_tx_priority_age=0"+
 		"&lane_long_acquire_timeout=0&lane_tx_max_tag_share=0.5&lane_tx_tag_share_dry_run=true")
-	assert.Equal(t, 30*time.Millisecond, r.Short.PriorityAge, "follows the acquire timeout")
+	assert.Equal(t, 150*time.Millisecond, r.Short.PriorityAge, "follows the acquire timeout")
 	assert.Equal(t, time.Duration(Off), r.Tx.PriorityAge, "0 turns ageing and priorities off: FIFO")
-	assert.Equal(t, 3*time.Second, r.Long.PriorityAge, "no acquire timeout: the fixed default")
+	assert.Equal(t, 15*time.Second, r.Long.PriorityAge, "no acquire timeout: the fixed default")
 	assert.Equal(t, 0.5, r.Tx.MaxTagShare)
 	assert.True(t, r.Tx.TagShareDryRun)
 	rc := r.reserveConfig([]Lane{Short, Tx, Long}, 10)
 	assert.Equal(t, r.Tx.MaxConns/2, rc.Lanes[Tx].MaxTagShare, "half of Tx's cap")
 	assert.Zero(t, rc.Lanes[Tx].PriorityAge, "FIFO")
-	assert.Equal(t, 30*time.Millisecond, rc.Lanes[Short].PriorityAge)
+	assert.Equal(t, 150*time.Millisecond, rc.Lanes[Short].PriorityAge)
 
 	r = resolved(t, "postgres://localhost/db?pool_max_conns=10&lane_tx_max_tag_share=0.01")
 	assert.Equal(t, 1, r.Tx.tagShareSlots(), "at least one connection")
