@@ -88,7 +88,7 @@ func (e *ConfigError) Error() string {
 //
 //   - Size is at least 1 and at most math.MaxInt32; there is at least one lane;
 //   - every lane has a unique, non-empty Name;
-//   - no number is negative;
+//   - no number or duration is negative (PriorityAge and MaxTagShare included);
 //   - a lane's MaxConns, when set, is at most Size and at least its Reserved;
 //   - the reserves sum to at most Size;
 //   - an unbounded lane's MaxConns, when set, is at most what it can reach (Reachable), and the
