@@ -18,8 +18,11 @@ type sem interface {
 
 type reserveSem struct{ p *Pool }
 
-func (r reserveSem) acquire(ctx context.Context) (Slot, error) { return r.p.Acquire(ctx, 0) }
-func (r reserveSem) release(s Slot)                            { r.p.Release(s) }
+// acquire calls AcquireAs, the path pgxlanes takes (Acquire is a wrapper of it).
+func (r reserveSem) acquire(ctx context.Context) (Slot, error) {
+	return r.p.AcquireAs(ctx, 0, Caller{})
+}
+func (r reserveSem) release(s Slot) { r.p.Release(s) }
 
 type xsyncSem struct{ s *semaphore.Weighted }
 

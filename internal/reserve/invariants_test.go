@@ -139,25 +139,31 @@ func (l *lane) checkOrder() error {
 // Caller must hold p.mu.
 func (p *Pool) checkTags() error {
 	want := make([]map[string]int, len(p.lanes))
-	for _, st := range p.slots {
-		if !st.held {
-			if st.tag != "" {
-				return fmt.Errorf("a free slot keeps tag %q", st.tag)
-			}
+	for idx, st := range p.slots {
+		l := &p.lanes[st.lane]
+		if !st.held || l.tags == nil {
 			continue
 		}
-		if p.lanes[st.lane].tags == nil {
-			continue
+		tag, ok := l.slotTags[int32(idx)]
+		if !ok {
+			return fmt.Errorf("lane %s: held slot %d has no tag", l.cfg.Name, idx)
 		}
 		if want[st.lane] == nil {
 			want[st.lane] = map[string]int{}
 		}
-		want[st.lane][st.tag]++
+		want[st.lane][tag]++
 	}
 	for i := range p.lanes {
 		l := &p.lanes[i]
 		if l.tags == nil {
 			continue
+		}
+		n := 0
+		for _, c := range want[i] {
+			n += c
+		}
+		if n != len(l.slotTags) {
+			return fmt.Errorf("lane %s: %d slots held, %d tagged", l.cfg.Name, n, len(l.slotTags))
 		}
 		if len(want[i]) != len(l.tags) {
 			return fmt.Errorf("lane %s: %d tags hold slots, counts kept for %d", l.cfg.Name, len(want[i]), len(l.tags))

@@ -89,6 +89,26 @@ func (l *lane) removeClassLocked(w *waiter) {
 	}
 }
 
+// tagLocked counts slot s, just taken, for tag, in a lane with a tag share. Caller must hold
+// p.mu.
+func (p *Pool) tagLocked(s Slot, tag string) {
+	l := &p.lanes[s.lane]
+	l.slotTags[s.idx] = tag
+	l.tags[tag]++
+}
+
+// untagLocked uncounts slot idx, being released, in a lane with a tag share; a tag that holds
+// nothing loses its entry. Caller must hold p.mu.
+func (l *lane) untagLocked(idx int32) {
+	tag := l.slotTags[idx]
+	delete(l.slotTags, idx)
+	if n := l.tags[tag] - 1; n > 0 {
+		l.tags[tag] = n
+	} else {
+		delete(l.tags, tag)
+	}
+}
+
 // ordered reports whether the lane orders its waiters by priority (PriorityAge > 0).
 func (l *lane) ordered() bool { return l.cfg.PriorityAge > 0 }
 

@@ -347,7 +347,11 @@ func TestOrderModel(t *testing.T) {
 						c := Caller{Priority: []int{-10, 0, 10, 20}[rng.IntN(4)], Tag: tags[rng.IntN(3)]}
 						p.mu.Lock()
 						if p.lanes[0].waitHead == nil && p.mayTakeLocked(0) {
-							held[p.takeLocked(0, c.Tag)] = c.Tag
+							s := p.takeLocked(0)
+							if p.lanes[0].tags != nil {
+								p.tagLocked(s, c.Tag)
+							}
+							held[s] = c.Tag
 							p.mu.Unlock()
 							continue
 						}

@@ -74,7 +74,7 @@
 // background goroutine.
 //
 // Memory is in proportion to the lanes and to what is in use, not to Size. The table of slot
-// generations grows with the peak number of slots held at once (32 bytes a slot, never past
+// generations grows with the peak number of slots held at once (16 bytes a slot, never past
 // that peak, never shrunk), so New(Config{Size: math.MaxInt32, ...}) allocates a few hundred
 // bytes. A waiting caller costs its node, its channel and its timer while it waits; idle nodes
 // sit in a sync.Pool, which the garbage collector empties.
@@ -89,23 +89,27 @@ import (
 
 // Slot is a granted slot. Its zero value is not a slot.
 type Slot struct {
-	idx      int32  // index in Pool.slots
-	gen      uint32 // Pool.slots[idx].gen when granted; never 0
-	lane     int32
-	waited   bool
-	aged     bool
-	heldBack bool
+	idx   int32  // index in Pool.slots
+	gen   uint32 // Pool.slots[idx].gen when granted; never 0
+	lane  int32
+	flags uint8 // how it was granted: slotWaited, slotAged, slotHeldBack
 }
 
+const (
+	slotWaited   uint8 = 1 << iota // granted to a waiter
+	slotAged                       // by ageing
+	slotHeldBack                   // to a waiter passed over for the tag share
+)
+
 // Waited reports whether the acquire that returned s had to queue.
-func (s Slot) Waited() bool { return s.waited }
+func (s Slot) Waited() bool { return s.flags&slotWaited != 0 }
 
 // Aged reports whether s went to its waiter by ageing, ahead of a waiter of higher priority.
-func (s Slot) Aged() bool { return s.aged }
+func (s Slot) Aged() bool { return s.flags&slotAged != 0 }
 
 // HeldBack reports whether the waiter that got s was passed over at least once because its tag
 // held the lane's tag share; in dry run, whether it would have been.
-func (s Slot) HeldBack() bool { return s.heldBack }
+func (s Slot) HeldBack() bool { return s.flags&slotHeldBack != 0 }
 
 // Pool hands out slots to lanes. It is safe for concurrent use.
 type Pool struct {
@@ -132,7 +136,6 @@ type slotState struct {
 	gen  uint32 // bumped on every grant, so a stale Slot no longer matches
 	lane int32
 	held bool
-	tag  string // the holder's tag, in a lane with a tag share
 }
 
 type lane struct {
@@ -146,9 +149,10 @@ type lane struct {
 	waitHead *waiter
 	waitTail *waiter
 	classes  []class
-	// tags counts the slots each tag holds, kept only with a tag share; a tag holding none has
-	// no entry.
-	tags map[string]int
+	// tags counts the slots each tag holds and slotTags names the tag of each slot held (by
+	// index in Pool.slots), kept only with a tag share; a tag holding none has no entry.
+	tags     map[string]int
+	slotTags map[int32]string
 	// Cumulative counts of the order's decisions, which only the pool sees (see LaneStat).
 	agedGrants, shareRefusals int64
 }
@@ -180,7 +184,7 @@ func New(c Config) (*Pool, error) {
 	for i, lc := range c.Lanes {
 		p.lanes[i] = lane{cfg: lc, cap: c.Reachable(i)}
 		if lc.MaxTagShare > 0 {
-			p.lanes[i].tags = make(map[string]int)
+			p.lanes[i].tags, p.lanes[i].slotTags = make(map[string]int), make(map[int32]string)
 		}
 	}
 	return p, nil
@@ -218,7 +222,10 @@ func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
 		return Slot{}, err
 	}
 	if l.waitHead == nil && p.mayTakeLocked(i) {
-		s := p.takeLocked(i, c.Tag)
+		s := p.takeLocked(i)
+		if l.tags != nil {
+			p.tagLocked(s, c.Tag)
+		}
 		p.mu.Unlock()
 		return s, nil
 	}
@@ -264,7 +271,11 @@ func (p *Pool) TryAcquireAs(i int, tag string) (Slot, bool) {
 	if p.closed || p.lanes[i].waitHead != nil || !p.mayTakeLocked(i) {
 		return Slot{}, false
 	}
-	return p.takeLocked(i, tag), true
+	s := p.takeLocked(i)
+	if p.lanes[i].tags != nil {
+		p.tagLocked(s, tag)
+	}
+	return s, true
 }
 
 // abandon ends the wait on lane i, begun at since, of a caller that gave up with reason; w and
@@ -337,9 +348,9 @@ func (p *Pool) mayTakeLocked(i int) bool {
 	return p.sharedInUse < p.shared
 }
 
-// takeLocked gives lane i a free slot for tag. Caller must hold p.mu and have checked
-// mayTakeLocked.
-func (p *Pool) takeLocked(i int, tag string) Slot {
+// takeLocked gives lane i a free slot. Caller must hold p.mu and have checked mayTakeLocked;
+// in a lane with a tag share, it then calls tagLocked.
+func (p *Pool) takeLocked(i int) Slot {
 	l := &p.lanes[i]
 	if !l.cfg.Bounded && l.held >= l.cfg.Reserved {
 		p.sharedInUse++
@@ -362,10 +373,6 @@ func (p *Pool) takeLocked(i int, tag string) Slot {
 	}
 	st.held = true
 	st.lane = int32(i)
-	if l.tags != nil {
-		st.tag = tag
-		l.tags[tag]++
-	}
 	return Slot{idx: idx, gen: st.gen, lane: int32(i)}
 }
 
@@ -376,12 +383,7 @@ func (p *Pool) releaseLocked(s Slot) {
 	p.freeSlots = append(p.freeSlots, s.idx)
 	l := &p.lanes[st.lane]
 	if l.tags != nil {
-		if n := l.tags[st.tag] - 1; n > 0 {
-			l.tags[st.tag] = n
-		} else {
-			delete(l.tags, st.tag)
-		}
-		st.tag = ""
+		l.untagLocked(s.idx)
 	}
 	if !l.cfg.Bounded && l.held > l.cfg.Reserved {
 		p.sharedInUse--
@@ -420,8 +422,17 @@ func (p *Pool) grantLocked() {
 			w = l.pickLocked(&now)
 		}
 		p.unlinkLocked(w)
-		s := p.takeLocked(best, w.tag)
-		s.waited, s.aged, s.heldBack = true, w.aged, w.heldBack
+		s := p.takeLocked(best)
+		if l.tags != nil {
+			p.tagLocked(s, w.tag)
+		}
+		s.flags = slotWaited
+		if w.aged {
+			s.flags |= slotAged
+		}
+		if w.heldBack {
+			s.flags |= slotHeldBack
+		}
 		w.ready <- s
 		p.freeLocked(w)
 	}
