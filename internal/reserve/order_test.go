@@ -441,3 +441,24 @@ func TestPriorityCancelLeavesNothing(t *testing.T) {
 		requireInvariants(t, p)
 	})
 }
+
+// TestPriorityKeepsBounds: a priority changes the order, never the bounds: a full queue refuses
+// a critical caller, its acquire timeout still ends its wait, and a lane at its cap stays there.
+func TestPriorityKeepsBounds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := oneLane(t, 2, func(lc *LaneConfig) {
+			lc.PriorityAge, lc.MaxWaiters, lc.MaxConns, lc.AcquireTimeout = time.Second, 1, 1, 50*time.Millisecond
+		})
+		held := mustTake(t, p, 0, 1)[0]
+		_, ok := p.TryAcquire(0)
+		require.False(t, ok, "at its cap with a slot free")
+		errc := make(chan error, 1)
+		go func() { _, err := p.AcquireAs(context.Background(), 0, Caller{Priority: -10}); errc <- err }()
+		synctest.Wait()
+		_, err := p.AcquireAs(context.Background(), 0, Caller{Priority: 1000})
+		require.ErrorIs(t, err, ErrLaneFull, "a full queue refuses any priority")
+		require.ErrorIs(t, <-errc, ErrAcquireTimeout, "the low caller's own timeout")
+		p.Release(held)
+		requireInvariants(t, p)
+	})
+}
