@@ -8,7 +8,7 @@ import (
 
 // collector exports a pool's figures. Every gauge and counter comes from one Stat snapshot per
 // Collect, so the counters count from the pool's start, whenever the collector was made; only
-// the two histograms are fed by the observer between scrapes.
+// the histograms are fed by the observer between scrapes.
 type collector struct {
 	pool   *pgxlanes.Pool
 	lanes  []pgxlanes.Lane
@@ -18,7 +18,7 @@ type collector struct {
 	lane       []laneMetric     // per lane, from LaneStat
 	violations *prometheus.Desc // per lane and action, from LaneStat
 	// Per lane, from the configuration.
-	acquireTimeout, budget *prometheus.Desc
+	acquireTimeout, budget, priorityAge *prometheus.Desc
 	// Pool-wide, from Stat.Learning.
 	slowThreshold, demoted, tracked, demotions, promotions *prometheus.Desc
 	// Pool-wide, from pgxpool's Stat.
@@ -117,12 +117,17 @@ func newCollector(pool *pgxlanes.Pool, opts ...Option) *collector {
 				func(s *pgxlanes.LaneStat) int64 { return s.BudgetWarnings }),
 			counter("pgxlanes_budget_terminate_failures_total", "Terminations of leases over budget that could not be verified; the pool closed its own socket to the session instead.",
 				func(s *pgxlanes.LaneStat) int64 { return s.BudgetTerminateFailures }),
+			counter("pgxlanes_aged_grants_total", "Connections granted by ageing: to a caller that had waited the lane's priority age, ahead of a caller of higher priority.",
+				func(s *pgxlanes.LaneStat) int64 { return s.AgedGrants }),
+			counter("pgxlanes_tag_share_refusals_total", "Grants that passed over a caller whose tag held the lane's tag share while another tag waited (Tx with lane_tx_max_tag_share; in dry run, that would have).",
+				func(s *pgxlanes.LaneStat) int64 { return s.TagShareRefusals }),
 		},
 		violations: desc("pgxlanes_budget_violations_total", "Leases that exceeded their budget, by the action taken (flag, cancel, terminate; terminate counts verified terminations only)."+
 			" A lease that is cancelled and later terminated counts once for each.", []string{"lane", "action"}),
 
 		acquireTimeout: desc("pgxlanes_lane_acquire_timeout_seconds", "The lane's acquire timeout; 0 means none.", lane),
 		budget:         desc("pgxlanes_lane_budget_seconds", "The lane's default budget for a transaction or held connection; 0 means none.", lane),
+		priorityAge:    desc("pgxlanes_lane_priority_age_seconds", "How long a caller may be overtaken by callers of higher priority before it is served in arrival order; 0 means the lane is FIFO.", lane),
 
 		slowThreshold: desc("pgxlanes_learning_slow_threshold_seconds", "The run time past which an unannotated Short statement counts as slow; 0 means learning is off.", nil),
 		demoted:       desc("pgxlanes_learning_demoted_statements", "Statements learned as slow now: they take Long's capacity under Short's timeouts.", nil),
@@ -151,7 +156,7 @@ func newCollector(pool *pgxlanes.Pool, opts ...Option) *collector {
 // descs are the collector's own descriptors, the histograms' aside.
 func (c *collector) descs() []*prometheus.Desc {
 	ds := []*prometheus.Desc{
-		c.violations, c.acquireTimeout, c.budget,
+		c.violations, c.acquireTimeout, c.budget, c.priorityAge,
 		c.slowThreshold, c.demoted, c.tracked, c.demotions, c.promotions,
 		c.open, c.acquired, c.idle, c.constructing, c.maxOpen, c.newConns, c.maxLifetimeDestroyed, c.maxIdleDestroyed,
 	}
@@ -169,6 +174,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	c.hist.wait.Describe(ch)
 	c.hist.hold.Describe(ch)
 	c.hist.retry.describe(ch)
+	c.hist.prio.Describe(ch)
 }
 
 // Collect implements prometheus.Collector. Every gauge and counter comes from one snapshot of the
@@ -191,6 +197,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit(c.acquireTimeout, prometheus.GaugeValue, max(c.config[i].AcquireTimeout, 0).Seconds(), name)
 		emit(c.budget, prometheus.GaugeValue, max(c.config[i].Budget, 0).Seconds(), name)
+		emit(c.priorityAge, prometheus.GaugeValue, max(c.config[i].PriorityAge, 0).Seconds(), name)
 	}
 
 	learn := s.Learning()
@@ -212,4 +219,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	c.hist.wait.Collect(ch)
 	c.hist.hold.Collect(ch)
 	c.hist.retry.collect(ch)
+	c.hist.prio.Collect(ch)
 }

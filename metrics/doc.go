@@ -11,8 +11,8 @@
 //
 // Every gauge and counter is read from one pool.Stat() at each scrape (the pattern of
 // client_golang's database/sql collector), so the counters equal Stat's figures and count from
-// the pool's start, whenever the collector was made. Only the two histograms are fed by the
-// pool's events, from NewCollector on.
+// the pool's start, whenever the collector was made. Only the histograms are fed by the pool's
+// events, from NewCollector on.
 //
 // Every metric carries the constant label pool. Per lane (label lane: short, tx, long):
 //
@@ -38,6 +38,9 @@
 //	pgxlanes_budget_warnings_total            counter    leases past half their budget (cancel, terminate lanes)
 //	pgxlanes_budget_violations_total          counter    leases over budget, label action (flag, cancel, terminate)
 //	pgxlanes_budget_terminate_failures_total  counter    terminations that failed
+//	pgxlanes_lane_priority_age_seconds        gauge      the lane's priority age (0: FIFO)
+//	pgxlanes_aged_grants_total                counter    grants by ageing, ahead of a higher priority
+//	pgxlanes_tag_share_refusals_total         counter    grants that passed over a tag at its share (Tx)
 //
 // Per lane, fed by the pool's events (with a tag label too when WithTags is used):
 //
@@ -50,6 +53,11 @@
 //	pgxlanes_retry_retries_total              counter    attempts run again, label code (SQLSTATE, conn, ...)
 //	pgxlanes_retry_gave_up_total              counter    calls stopped by a cap, label reason
 //	pgxlanes_retry_commit_unknown_total       counter    calls whose COMMIT had an unknown outcome
+//
+// Per lane and priority level (label priority: low, normal, high, critical; see
+// pgxlanes.Priority.Level), fed by the pool's events:
+//
+//	pgxlanes_acquire_wait_by_priority_seconds histogram  wait of every acquire attempt, by priority
 //
 // Pool-wide, what the pool learned about unannotated statements sent to Short:
 //

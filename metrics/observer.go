@@ -23,9 +23,12 @@ type observer struct {
 	tagIndex map[string]int
 	// series[lane][tag] holds the resolved series of one lane and tag value.
 	series [][]laneSeries
+	// byPriority[lane][level] is the wait series of one lane and priority level
+	// (pgxlanes.Priority.Level, in the order of pgxlanes.PriorityLevels).
+	byPriority [][]prometheus.Observer
 
-	wait, hold *prometheus.HistogramVec
-	retry      *retryMetrics // RetryTx's counters (retry.go)
+	wait, hold, prio *prometheus.HistogramVec
+	retry            *retryMetrics // RetryTx's counters (retry.go)
 }
 
 // laneSeries are the series of one lane and tag value.
@@ -75,6 +78,17 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 		hold: prometheus.NewHistogramVec(histogramOpts("pgxlanes_hold_seconds",
 			"Time a lease held its connection, from ready to released (rows closed, transaction ended, connection released).",
 			holdBuckets, constLabels), labels),
+		prio: prometheus.NewHistogramVec(histogramOpts("pgxlanes_acquire_wait_by_priority_seconds",
+			"Time from the call to a ready connection, of every acquire, by the call's priority level (WithPriority): low, normal, high, critical.",
+			waitBuckets, constLabels), []string{"lane", "priority"}),
+	}
+	levels := pgxlanes.PriorityLevels()
+	ob.byPriority = make([][]prometheus.Observer, len(lanes))
+	for _, l := range lanes {
+		ob.byPriority[l] = make([]prometheus.Observer, len(levels))
+		for i, lv := range levels {
+			ob.byPriority[l][i] = ob.prio.WithLabelValues(l.String(), lv)
+		}
 	}
 	ob.series = make([][]laneSeries, len(lanes))
 	for _, l := range lanes {
@@ -113,7 +127,21 @@ func (ob *observer) lookup(l pgxlanes.Lane, tag string) *laneSeries {
 func (ob *observer) ObserveAcquire(e pgxlanes.AcquireEvent) {
 	if s := ob.lookup(e.Lane, e.Tag); s != nil {
 		s.wait.Observe(e.Wait.Seconds())
+		ob.byPriority[e.Lane][levelIndex(e.Priority)].Observe(e.Wait.Seconds())
 	}
+}
+
+// levelIndex is the index of p's level in pgxlanes.PriorityLevels.
+func levelIndex(p pgxlanes.Priority) int {
+	switch {
+	case p < pgxlanes.PriorityNormal:
+		return 0
+	case p < pgxlanes.PriorityHigh:
+		return 1
+	case p < pgxlanes.PriorityCritical:
+		return 2
+	}
+	return 3
 }
 
 // ObserveRelease records the hold time of a lease.

@@ -21,6 +21,7 @@ type route struct {
 	lane   Lane
 	set    Lane
 	tag    string
+	prio   Priority
 	budget time.Duration // 0: the lane's; Off: none
 	key    stmtstats.Key // the statement, when learn is set
 	learn  bool          // the statement is one the pool learns about
@@ -31,7 +32,7 @@ type route struct {
 // capacity. An invalid lane is refused, whatever the method.
 func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 	a := AnnotationsFrom(ctx)
-	r := route{lane: def, set: def, tag: a.Tag, budget: a.Budget}
+	r := route{lane: def, set: def, tag: a.Tag, prio: a.Priority, budget: a.Budget}
 	if a.LaneSet {
 		if int(a.Lane) >= numLanes {
 			return r, fmt.Errorf("pgxlanes: unknown lane %v set with WithLane (lanes are short, tx, long)", a.Lane)
@@ -64,11 +65,14 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	}
 	lr := &p.lanes[rt.lane]
 	srv := lr.srv
-	slot, err := srv.res.Acquire(ctx, lr.idx)
+	slot, err := srv.res.AcquireAs(ctx, lr.idx, rt.caller())
 	if err != nil {
 		return nil, p.laneError(rt, start, err)
 	}
 	waited = slot.Waited()
+	if slot.HeldBack() {
+		p.heldBack(rt, time.Since(start))
+	}
 	fslot := int32(-1)
 	if p.fleet != nil && rt.lane == Long {
 		var deadline time.Time
@@ -99,7 +103,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 // without waiting.
 func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, bool) {
 	lr := &p.lanes[rt.lane]
-	slot, ok := lr.srv.res.TryAcquire(lr.idx)
+	slot, ok := lr.srv.res.TryAcquireAs(lr.idx, rt.tag)
 	if !ok {
 		return nil, false
 	}
@@ -182,7 +186,7 @@ func (p *Pool) reportAcquire(ctx context.Context, rt route, start time.Time, wai
 		p.lanes[rt.lane].counts.acquired(wait, waited, err)
 	}
 	if p.obs.any() {
-		p.obs.acquire(AcquireEvent{Lane: rt.lane, Tag: rt.tag, Wait: wait, Err: err})
+		p.obs.acquire(AcquireEvent{Lane: rt.lane, Tag: rt.tag, Priority: rt.prio, Wait: wait, Err: err})
 	}
 	if p.tracer != nil {
 		p.tracer.TraceAcquireEnd(ctx, p.tracedPool(rt), pgxpool.TraceAcquireEndData{Conn: conn, Err: err})

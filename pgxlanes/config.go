@@ -32,6 +32,8 @@ const Off = -1
 //	over_budget        cancel             cancel           flag
 //	slow_threshold     1s (learning)      -                -
 //	fleet_max_conns    -                  -                off
+//	priority_age       acquire_timeout/2 (500ms, 5s, 15s)
+//	max_tag_share      -                  off              -
 //
 // An unbounded lane (Tx, Long) can reach at most its reserve plus the shared connections (N minus
 // every reserve); that is its default cap, and a larger MaxConns is refused.
@@ -89,6 +91,21 @@ type LaneConfig struct {
 	// same database have slots of their own. Off (the default): no fleet cap. Refused with
 	// TransactionPooler: the slots are session-level locks (docs/scale-out.md).
 	FleetMaxConns int
+	// PriorityAge is how long a caller may be overtaken by callers of higher priority
+	// (WithPriority) in the lane's queue (lane_<lane>_priority_age): once it has waited this
+	// long, it is served before every caller that came after it. Default half the lane's
+	// AcquireTimeout (500ms, 5s, 15s; the same without an acquire timeout): overtaken no longer
+	// than that, a low-priority caller moved to the front by ageing has the other half of its
+	// timeout to be served. Off: the lane is strictly FIFO and priorities are ignored.
+	PriorityAge time.Duration
+	// MaxTagShare is Tx's alone (lane_tx_max_tag_share): the fraction of Tx's cap (above 0, at
+	// most 1) that the callers of one tag (WithTag; untagged callers count as one tag) may hold
+	// while callers of another tag wait. A freed connection then goes to the first waiter of a
+	// tag below its share; it never stays idle while anyone waits. Off (the default): no share,
+	// as in Vitess's transaction limiter. With TagShareDryRun (lane_tx_tag_share_dry_run) the
+	// share is only logged and counted (LaneStat.TagShareRefusals), never applied.
+	MaxTagShare    float64
+	TagShareDryRun bool
 	// Server aims the lane at another server, a read replica for reports, with its own connection
 	// settings (parse them with pgxpool.ParseConfig). It is Long's alone, and set in code only.
 	// The lane keeps its reserve, timeouts, budget, metrics and guard there: it gets a pgxpool of
@@ -170,7 +187,8 @@ func (c *Config) Copy() *Config {
 //
 //   - lane_<short|tx|long>_<setting>, the LaneConfig fields: reserved, max_conns, max_waiters,
 //     acquire_timeout, statement_timeout, lock_timeout, budget, over_budget, slow_threshold,
-//     fleet_max_conns. Durations need a unit ("250ms", "1s"); 0 means off.
+//     fleet_max_conns, priority_age, max_tag_share (a fraction), tag_share_dry_run (true or
+//     false). Durations need a unit ("250ms", "1s"); 0 means off.
 //   - pgxlanes_transaction_pooler and pgxlanes_cancel_requests (true or false).
 //
 // Lane settings not given stay zero, which NewWithConfig resolves to the lane's default. Errors
@@ -270,6 +288,7 @@ var laneSettings = []struct {
 	i     func(*LaneConfig) *int
 	d     func(*LaneConfig) *time.Duration
 	a     func(*LaneConfig) *Action
+	set   func(lc *LaneConfig, key, setting, v string) error // a setting of its own kind
 }{
 	{name: "reserved", field: "Reserved", i: func(l *LaneConfig) *int { return &l.Reserved }},
 	{name: "max_conns", field: "MaxConns", i: func(l *LaneConfig) *int { return &l.MaxConns }},
@@ -281,6 +300,9 @@ var laneSettings = []struct {
 	{name: "over_budget", field: "OverBudget", a: func(l *LaneConfig) *Action { return &l.OverBudget }},
 	{name: "slow_threshold", field: "SlowThreshold", d: func(l *LaneConfig) *time.Duration { return &l.SlowThreshold }},
 	{name: "fleet_max_conns", field: "FleetMaxConns", i: func(l *LaneConfig) *int { return &l.FleetMaxConns }},
+	{name: "priority_age", field: "PriorityAge", d: func(l *LaneConfig) *time.Duration { return &l.PriorityAge }},
+	{name: "max_tag_share", field: "MaxTagShare", set: setShareParam},
+	{name: "tag_share_dry_run", field: "TagShareDryRun", set: setShareParam},
 }
 
 // dsnName returns the DSN setting name of a LaneConfig field.
@@ -309,6 +331,8 @@ func (c *Config) setLaneParam(key, v string) error {
 			continue
 		}
 		switch {
+		case s.set != nil:
+			return s.set(lc, key, setting, v)
 		case s.a != nil:
 			a, err := ParseAction(v)
 			if err != nil {

@@ -18,8 +18,9 @@
 //
 // # Context
 //
-// The context of a call chooses its lane (WithLane), its budget (WithBudget) and a label for logs,
-// errors and metrics (WithTag); AnnotationsFrom reads them back. Otherwise, as with pgxpool, ctx
+// The context of a call chooses its lane (WithLane), its budget (WithBudget), a label for logs,
+// errors and metrics (WithTag) and its place in the lane's queue (WithPriority); AnnotationsFrom
+// reads them back. Otherwise, as with pgxpool, ctx
 // bounds the wait for a connection and the call itself. It does not end a transaction: Begin's
 // ctx only covers the BEGIN, and the lane's budget is what bounds the transaction.
 //

@@ -42,3 +42,11 @@ func ExampleWithLane() {
 	fmt.Println(a.Lane, a.LaneSet, a.Tag)
 	// Output: long true nightly-export
 }
+
+// A priority orders the callers waiting in one lane; metrics group priorities into four levels.
+func ExampleWithPriority() {
+	ctx := pgxlanes.WithPriority(context.Background(), pgxlanes.PriorityCritical)
+	p := pgxlanes.AnnotationsFrom(ctx).Priority
+	fmt.Println(p, p.Level(), pgxlanes.Priority(15).Level(), pgxlanes.Priority(-3).Level())
+	// Output: critical critical high low
+}

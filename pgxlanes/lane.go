@@ -55,6 +55,8 @@ type Annotations struct {
 	Budget time.Duration
 	// Tag is the label set with WithTag; "" when none was.
 	Tag string
+	// Priority is the priority set with WithPriority; PriorityNormal (0) when none was.
+	Priority Priority
 }
 
 type annotationsKey struct{}

@@ -26,6 +26,8 @@ type Observer interface {
 type AcquireEvent struct {
 	Lane Lane
 	Tag  string
+	// Priority is the call's (WithPriority).
+	Priority Priority
 	// Wait is the time from the call to a ready connection (or to the failure).
 	Wait time.Duration
 	// Err is nil on success; otherwise the error returned to the caller.

@@ -36,6 +36,8 @@ type Pool struct {
 	obs    observers
 	tracer pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
 
+	shareLog shareLog // rate-limits the tag share's log lines (priority.go)
+
 	closeOnce sync.Once
 }
 

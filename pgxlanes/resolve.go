@@ -131,6 +131,7 @@ func (c *Config) resolve() (*Config, error) {
 		if lc.FleetMaxConns == 0 {
 			lc.FleetMaxConns = Off
 		}
+		lc.resolvePriority(l)
 	}
 	if r.Long.Server != nil && r.Short.SlowThreshold > 0 {
 		if c.Short.SlowThreshold > 0 {
@@ -169,6 +170,9 @@ func (lc *LaneConfig) check(l Lane, pooler bool) error {
 	}
 	if lc.MaxConns == Off {
 		return bad("MaxConns", "cannot be Off: a lane needs a cap of at least 1 (zero gives the default)")
+	}
+	if err := lc.checkPriority(l, bad); err != nil {
+		return err
 	}
 	if lc.OverBudget > ActionTerminate {
 		return bad("OverBudget", "must be ActionFlag, ActionCancel or ActionTerminate, got %v", lc.OverBudget)
@@ -209,7 +213,8 @@ func (r *Config) reserveConfig(lanes []Lane, n int) reserve.Config {
 	for _, l := range lanes {
 		lc := r.Lane(l)
 		rc.Lanes = append(rc.Lanes, reserve.LaneConfig{Name: l.String(), Reserved: lc.Reserved, MaxConns: lc.MaxConns,
-			MaxWaiters: on(lc.MaxWaiters), Bounded: l == Short, AcquireTimeout: on(lc.AcquireTimeout)})
+			MaxWaiters: on(lc.MaxWaiters), Bounded: l == Short, AcquireTimeout: on(lc.AcquireTimeout),
+			PriorityAge: on(lc.PriorityAge), MaxTagShare: lc.tagShareSlots(), TagShareDryRun: lc.TagShareDryRun})
 	}
 	return rc
 }

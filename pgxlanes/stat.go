@@ -31,6 +31,12 @@ type LaneStat struct {
 	// slot (they hold a lane slot, not a connection) and fleet slots this pool holds.
 	FleetWaiting int
 	FleetHeld    int
+	// AgedGrants counts the connections granted by ageing to a caller that had waited the lane's
+	// PriorityAge, ahead of a caller of higher priority. TagShareRefusals counts the grants that
+	// passed over a Tx caller whose tag held its MaxTagShare while another tag waited (with
+	// TagShareDryRun: that would have).
+	AgedGrants       int64
+	TagShareRefusals int64
 
 	Acquires      int64         // successful acquires
 	EmptyAcquires int64         // successful acquires that had to queue for a slot
@@ -124,6 +130,7 @@ func (p *Pool) Stat() *Stat {
 		c := &p.lanes[i].counts
 		st.lanes[i] = LaneStat{Lane: Lane(i), Reserved: rs.Reserved, MaxConns: rs.MaxConns, MaxWaiters: rs.MaxWaiters,
 			InUse: rs.InUse, Borrowed: rs.Borrowed, Cleaning: int(c.cleaning.Load()), Waiting: rs.Waiting, OldestWait: rs.OldestWait,
+			AgedGrants: rs.AgedGrants, TagShareRefusals: rs.TagShareRefusals,
 			Acquires: c.acquires.Load(), EmptyAcquires: c.empty.Load(), AcquireWait: time.Duration(c.wait.Load()),
 			Timeouts: c.timeouts.Load(), Rejections: c.rejections.Load(), Canceled: c.canceled.Load(), Errors: c.errors.Load(),
 			BudgetWarnings: c.warnings.Load(), BudgetFlags: c.flags.Load(), BudgetCancels: c.cancels.Load(),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"golang.org/x/sync/semaphore"
 )
@@ -17,8 +18,11 @@ type sem interface {
 
 type reserveSem struct{ p *Pool }
 
-func (r reserveSem) acquire(ctx context.Context) (Slot, error) { return r.p.Acquire(ctx, 0) }
-func (r reserveSem) release(s Slot)                            { r.p.Release(s) }
+// acquire calls AcquireAs, the path pgxlanes takes (Acquire is a wrapper of it).
+func (r reserveSem) acquire(ctx context.Context) (Slot, error) {
+	return r.p.AcquireAs(ctx, 0, Caller{})
+}
+func (r reserveSem) release(s Slot) { r.p.Release(s) }
 
 type xsyncSem struct{ s *semaphore.Weighted }
 
@@ -124,16 +128,44 @@ func BenchmarkWaiters(b *testing.B) {
 			}
 			p.mu.Lock()
 			for range n {
-				p.enqueueLocked(0)
+				p.enqueueLocked(0, Caller{})
 			}
 			p.mu.Unlock()
 			b.ReportAllocs()
 			for b.Loop() {
 				p.mu.Lock()
-				w := p.enqueueLocked(0)
+				w := p.enqueueLocked(0, Caller{})
 				ready, since := w.ready, w.since
 				p.mu.Unlock()
 				_, _ = p.abandon(w, ready, 0, since, context.Canceled)
+			}
+		})
+		b.Run(fmt.Sprintf("Waiters=%d/Op=release-grant-priority", n), func(b *testing.B) {
+			// The lane orders by priority; half its waiters are low, half high, so every grant
+			// passes over the oldest (low) waiter and reads the clock to see it is not aged.
+			p := benchPool(b, 4)
+			p.lanes[0].cfg.PriorityAge = time.Hour
+			held, _ := p.TryAcquire(0)
+			for range 3 {
+				p.TryAcquire(0)
+			}
+			var highs []chan Slot
+			p.mu.Lock()
+			for i := range n {
+				w := p.enqueueLocked(0, Caller{Priority: 10 * (i % 2)})
+				if i%2 == 1 {
+					highs = append(highs, w.ready)
+				}
+			}
+			p.mu.Unlock()
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Release(held)
+				held = <-highs[0] // granted to the first high waiter
+				highs = highs[1:]
+				p.mu.Lock()
+				highs = append(highs, p.enqueueLocked(0, Caller{Priority: 10}).ready)
+				p.mu.Unlock()
 			}
 		})
 		b.Run(fmt.Sprintf("Waiters=%d/Op=release-grant", n), func(b *testing.B) {
@@ -145,7 +177,7 @@ func BenchmarkWaiters(b *testing.B) {
 			readies := make([]chan Slot, 0, n)
 			p.mu.Lock()
 			for range n {
-				readies = append(readies, p.enqueueLocked(0).ready)
+				readies = append(readies, p.enqueueLocked(0, Caller{}).ready)
 			}
 			p.mu.Unlock()
 			b.ReportAllocs()
@@ -154,7 +186,7 @@ func BenchmarkWaiters(b *testing.B) {
 				held = <-readies[0] // granted
 				readies = readies[1:]
 				p.mu.Lock()
-				readies = append(readies, p.enqueueLocked(0).ready) // keep the queue length at n
+				readies = append(readies, p.enqueueLocked(0, Caller{}).ready) // keep the queue length at n
 				p.mu.Unlock()
 			}
 		})

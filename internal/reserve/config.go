@@ -24,6 +24,15 @@ type LaneConfig struct {
 	// AcquireTimeout bounds how long a caller waits for a slot. 0 means it waits until its ctx
 	// ends.
 	AcquireTimeout time.Duration
+	// PriorityAge turns on priorities (Caller.Priority): higher first, FIFO among equals, and a
+	// waiter that has waited PriorityAge is served before every later arrival. 0 means FIFO,
+	// priorities ignored.
+	PriorityAge time.Duration
+	// MaxTagShare is the most slots of the lane one tag (Caller.Tag) may hold while a waiter of
+	// a tag holding fewer waits. 0 means no limit. With TagShareDryRun the limit is only counted
+	// (LaneStat.TagShareRefusals, Slot.HeldBack), never applied.
+	MaxTagShare    int
+	TagShareDryRun bool
 }
 
 // Config configures a Pool.
@@ -59,7 +68,7 @@ func (c Config) Reachable(i int) int {
 }
 
 // ConfigError is the error returned by Validate and New. Field is one of Size, Name, Reserved,
-// MaxConns, MaxWaiters and AcquireTimeout; Lane is the lane's name, or "" for Size and for a
+// MaxConns, MaxWaiters, AcquireTimeout, PriorityAge and MaxTagShare; Lane is the lane's name, or "" for Size and for a
 // lane without a name. Reason completes a sentence that starts with the field's name, as
 // Error shows.
 type ConfigError struct {
@@ -79,7 +88,7 @@ func (e *ConfigError) Error() string {
 //
 //   - Size is at least 1 and at most math.MaxInt32; there is at least one lane;
 //   - every lane has a unique, non-empty Name;
-//   - no number is negative;
+//   - no number or duration is negative (PriorityAge and MaxTagShare included);
 //   - a lane's MaxConns, when set, is at most Size and at least its Reserved;
 //   - the reserves sum to at most Size;
 //   - an unbounded lane's MaxConns, when set, is at most what it can reach (Reachable), and the
@@ -115,6 +124,10 @@ func Validate(c Config) error {
 			return bad(l.Name, "MaxWaiters", "%d is negative", l.MaxWaiters)
 		case l.AcquireTimeout < 0:
 			return bad(l.Name, "AcquireTimeout", "%v is negative", l.AcquireTimeout)
+		case l.PriorityAge < 0:
+			return bad(l.Name, "PriorityAge", "%v is negative", l.PriorityAge)
+		case l.MaxTagShare < 0:
+			return bad(l.Name, "MaxTagShare", "%d is negative", l.MaxTagShare)
 		case l.MaxConns > c.Size:
 			return bad(l.Name, "MaxConns", "%d exceeds Size %d", l.MaxConns, c.Size)
 		case l.MaxConns > 0 && l.Reserved > l.MaxConns:

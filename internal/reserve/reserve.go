@@ -42,10 +42,15 @@
 // # Who gets a released slot
 //
 // A released slot goes, among the lanes whose first waiter may take it, to a lane below its
-// reserve first, then to the waiter that arrived first. Within a lane waiters are served strictly
-// FIFO: a later waiter never overtakes an earlier one of the same lane, so no waiter starves
-// while slots keep being released. The pool is work-conserving: a slot is never left free while a
-// waiter that may take it waits. A new caller never overtakes a waiter of its own lane.
+// reserve first, then to the lane whose oldest waiter arrived first. Within a lane, waiters are
+// served FIFO by default. A lane with a PriorityAge serves higher priorities first, FIFO among
+// equals, except that a waiter that has waited PriorityAge is served before every waiter that
+// arrived after it: ageing bounds every wait (order.go; docs/design.md proves the bound). A lane
+// with a MaxTagShare passes over a waiter whose tag holds that many slots for one of another tag.
+// None of this decides whether a lane may take a slot, only which of its waiters does: no
+// priority or tag takes a lane past its cap or into another lane's reserve. The pool is
+// work-conserving: a slot is never left free while a waiter that may take it waits. A new caller
+// never overtakes a waiter of its own lane, whatever its priority.
 //
 // # Releasing
 //
@@ -64,7 +69,9 @@
 // keeps one per wait list. No channel or timer outlives its wait, so nothing made inside a
 // testing/synctest bubble is ever touched outside it. Cancelling a wait unlinks it from a doubly
 // linked list, so its cost does not depend on how many others wait; a grant looks at each
-// lane's first waiter. There is no background goroutine.
+// lane's first waiter and, in a lane ordered by priority, at the first of its highest priority
+// and the clock. Only a tag share may scan: past the waiters of tags at their share. There is no
+// background goroutine.
 //
 // Memory is in proportion to the lanes and to what is in use, not to Size. The table of slot
 // generations grows with the peak number of slots held at once (16 bytes a slot, never past
@@ -82,14 +89,27 @@ import (
 
 // Slot is a granted slot. Its zero value is not a slot.
 type Slot struct {
-	idx    int32  // index in Pool.slots
-	gen    uint32 // Pool.slots[idx].gen when granted; never 0
-	lane   int32
-	waited bool
+	idx   int32  // index in Pool.slots
+	gen   uint32 // Pool.slots[idx].gen when granted; never 0
+	lane  int32
+	flags uint8 // how it was granted: slotWaited, slotAged, slotHeldBack
 }
 
+const (
+	slotWaited   uint8 = 1 << iota // granted to a waiter
+	slotAged                       // by ageing
+	slotHeldBack                   // to a waiter passed over for the tag share
+)
+
 // Waited reports whether the acquire that returned s had to queue.
-func (s Slot) Waited() bool { return s.waited }
+func (s Slot) Waited() bool { return s.flags&slotWaited != 0 }
+
+// Aged reports whether s went to its waiter by ageing, ahead of a waiter of higher priority.
+func (s Slot) Aged() bool { return s.flags&slotAged != 0 }
+
+// HeldBack reports whether the waiter that got s was passed over at least once because its tag
+// held the lane's tag share; in dry run, whether it would have been.
+func (s Slot) HeldBack() bool { return s.flags&slotHeldBack != 0 }
 
 // Pool hands out slots to lanes. It is safe for concurrent use.
 type Pool struct {
@@ -119,12 +139,22 @@ type slotState struct {
 }
 
 type lane struct {
-	cfg      LaneConfig
-	cap      int // Config.Reachable
-	held     int
-	waiting  int
+	cfg     LaneConfig
+	cap     int // Config.Reachable
+	held    int
+	waiting int
+	// waitHead and waitTail are the queue in arrival order, linked through waiter.prev and
+	// waiter.next. classes are the same waiters by priority, highest first, kept only when the
+	// lane orders by priority (PriorityAge > 0); see order.go.
 	waitHead *waiter
 	waitTail *waiter
+	classes  []class
+	// tags counts the slots each tag holds and slotTags names the tag of each slot held (by
+	// index in Pool.slots), kept only with a tag share; a tag holding none has no entry.
+	tags     map[string]int
+	slotTags map[int32]string
+	// Cumulative counts of the order's decisions, which only the pool sees (see LaneStat).
+	agedGrants, shareRefusals int64
 }
 
 // waiter is the queue node of one waiting caller. It belongs to the pool: it is touched only
@@ -133,11 +163,16 @@ type lane struct {
 // gives up. The caller keeps only ready, which is made for this one wait. So a caller that
 // finds nothing on ready, under Pool.mu, knows its node is still queued and still its own.
 type waiter struct {
-	ready      chan Slot // buffered: the one send never blocks
-	lane       int
-	seq        uint64 // arrival order across lanes
-	since      time.Time
-	prev, next *waiter
+	ready        chan Slot // buffered: the one send never blocks
+	lane         int
+	seq          uint64 // arrival order across lanes
+	since        time.Time
+	prio         int
+	tag          string
+	aged         bool // granted by ageing; copied to the Slot
+	heldBack     bool // passed over for the tag share; copied to the Slot
+	prev, next   *waiter
+	cprev, cnext *waiter // in its priority class (lane.classes)
 }
 
 // New validates c (see Validate) and returns a Pool.
@@ -148,17 +183,29 @@ func New(c Config) (*Pool, error) {
 	p := &Pool{size: c.Size, shared: c.shared(), free: c.Size, lanes: make([]lane, len(c.Lanes))}
 	for i, lc := range c.Lanes {
 		p.lanes[i] = lane{cfg: lc, cap: c.Reachable(i)}
+		if lc.MaxTagShare > 0 {
+			p.lanes[i].tags, p.lanes[i].slotTags = make(map[string]int), make(map[int32]string)
+		}
 	}
 	return p, nil
 }
 
-// Acquire waits for a slot for lane i. It returns when a slot is granted, when the lane's
+// Acquire waits for a slot for lane i as an untagged caller of priority 0: AcquireAs(ctx, i,
+// Caller{}).
+func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
+	return p.AcquireAs(ctx, i, Caller{})
+}
+
+// AcquireAs waits for a slot for lane i on behalf of c. It returns when a slot is granted, when the lane's
 // AcquireTimeout runs out (ErrAcquireTimeout), when ctx ends (the error wraps ctx.Err(), so
 // errors.Is(err, context.DeadlineExceeded) holds), at once when the lane's queue is full
 // (ErrLaneFull), or when the pool is closed (ErrClosed). Every error is an *AcquireError.
 // A caller whose ctx is already done never gets a slot. A cancelled or timed-out caller leaves the
 // queue at once; if it was granted a slot at the same instant, the slot is given back.
-func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
+// c's priority and tag decide only its place among the lane's waiters (see order.go): never
+// whether the lane may take a slot, so no priority takes a lane past its cap or into another
+// lane's reserve.
+func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
 	done := ctx.Done()
 	p.mu.Lock()
 	select {
@@ -176,6 +223,9 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 	}
 	if l.waitHead == nil && p.mayTakeLocked(i) {
 		s := p.takeLocked(i)
+		if l.tags != nil {
+			p.tagLocked(s, c.Tag)
+		}
 		p.mu.Unlock()
 		return s, nil
 	}
@@ -184,7 +234,7 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 		p.mu.Unlock()
 		return Slot{}, err
 	}
-	w := p.enqueueLocked(i)
+	w := p.enqueueLocked(i, c)
 	ready, since := w.ready, w.since
 	timeout := l.cfg.AcquireTimeout
 	p.mu.Unlock()
@@ -210,14 +260,22 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 	}
 }
 
-// TryAcquire takes a slot for lane i if it can do so without waiting.
-func (p *Pool) TryAcquire(i int) (Slot, bool) {
+// TryAcquire takes a slot for lane i, untagged, if it can do so without waiting.
+func (p *Pool) TryAcquire(i int) (Slot, bool) { return p.TryAcquireAs(i, "") }
+
+// TryAcquireAs takes a slot for lane i, for tag, if it can do so without waiting: never ahead of
+// a waiter, whatever the priority.
+func (p *Pool) TryAcquireAs(i int, tag string) (Slot, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || p.lanes[i].waitHead != nil || !p.mayTakeLocked(i) {
 		return Slot{}, false
 	}
-	return p.takeLocked(i), true
+	s := p.takeLocked(i)
+	if p.lanes[i].tags != nil {
+		p.tagLocked(s, tag)
+	}
+	return s, true
 }
 
 // abandon ends the wait on lane i, begun at since, of a caller that gave up with reason; w and
@@ -290,7 +348,8 @@ func (p *Pool) mayTakeLocked(i int) bool {
 	return p.sharedInUse < p.shared
 }
 
-// takeLocked gives lane i a free slot. Caller must hold p.mu and have checked mayTakeLocked.
+// takeLocked gives lane i a free slot. Caller must hold p.mu and have checked mayTakeLocked;
+// in a lane with a tag share, it then calls tagLocked.
 func (p *Pool) takeLocked(i int) Slot {
 	l := &p.lanes[i]
 	if !l.cfg.Bounded && l.held >= l.cfg.Reserved {
@@ -323,6 +382,9 @@ func (p *Pool) releaseLocked(s Slot) {
 	st.held = false
 	p.freeSlots = append(p.freeSlots, s.idx)
 	l := &p.lanes[st.lane]
+	if l.tags != nil {
+		l.untagLocked(s.idx)
+	}
 	if !l.cfg.Bounded && l.held > l.cfg.Reserved {
 		p.sharedInUse--
 	}
@@ -332,10 +394,12 @@ func (p *Pool) releaseLocked(s Slot) {
 }
 
 // grantLocked hands free slots to waiters until no waiter may take one. Among lanes whose first
-// waiter may take a slot, a lane below its reserve goes first, then the earliest arrival. A
-// lane's later waiters wait behind its first: letting them jump ahead could starve it. Caller
-// must hold p.mu.
+// waiter may take a slot, a lane below its reserve goes first, then the lane whose oldest
+// waiter arrived first. Within the lane, the slot goes to the first waiter in its service order
+// (order.go): FIFO, or by priority with ageing. A lane's waiters are never served out of that
+// order: letting a later one jump ahead could starve the first. Caller must hold p.mu.
 func (p *Pool) grantLocked() {
+	var now time.Time // read once, only if an order needs it
 	for p.free > 0 {
 		best := -1
 		var bestBelow bool
@@ -352,25 +416,41 @@ func (p *Pool) grantLocked() {
 		if best < 0 {
 			return
 		}
-		w := p.lanes[best].waitHead
+		l := &p.lanes[best]
+		w := l.waitHead
+		if l.ordered() || l.shares() {
+			w = l.pickLocked(&now)
+		}
 		p.unlinkLocked(w)
 		s := p.takeLocked(best)
-		s.waited = true
+		if l.tags != nil {
+			p.tagLocked(s, w.tag)
+		}
+		s.flags = slotWaited
+		if w.aged {
+			s.flags |= slotAged
+		}
+		if w.heldBack {
+			s.flags |= slotHeldBack
+		}
 		w.ready <- s
 		p.freeLocked(w)
 	}
 }
 
-// enqueueLocked queues a caller at the end of lane i and returns its node, with a new ready
+// enqueueLocked queues caller c at the end of lane i and returns its node, with a new ready
 // channel. Caller must hold p.mu.
-func (p *Pool) enqueueLocked(i int) *waiter {
+func (p *Pool) enqueueLocked(i int, c Caller) *waiter {
 	w, _ := p.waiters.Get().(*waiter)
 	if w == nil {
 		w = new(waiter)
 	}
 	p.seq++
-	*w = waiter{ready: make(chan Slot, 1), lane: i, seq: p.seq, since: time.Now()}
+	*w = waiter{ready: make(chan Slot, 1), lane: i, seq: p.seq, since: time.Now(), prio: c.Priority, tag: c.Tag}
 	l := &p.lanes[i]
+	if l.ordered() {
+		l.addClassLocked(w)
+	}
 	w.prev = l.waitTail
 	if l.waitTail != nil {
 		l.waitTail.next = w
@@ -388,10 +468,14 @@ func (p *Pool) freeLocked(w *waiter) {
 	p.waiters.Put(w)
 }
 
-// unlinkLocked removes w from its lane's queue in O(1). Caller must hold p.mu and w must be
+// unlinkLocked removes w from its lane's queue in O(1), plus a look-up among the lane's
+// priorities when it orders by them. Caller must hold p.mu and w must be
 // queued.
 func (p *Pool) unlinkLocked(w *waiter) {
 	l := &p.lanes[w.lane]
+	if l.ordered() {
+		l.removeClassLocked(w)
+	}
 	if w.prev != nil {
 		w.prev.next = w.next
 	} else {

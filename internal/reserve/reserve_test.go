@@ -181,6 +181,10 @@ func TestValidate(t *testing.T) {
 			"a", "MaxWaiters", `reserve: lane "a": MaxWaiters -1 is negative`},
 		{"negative timeout", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", AcquireTimeout: -time.Second})},
 			"a", "AcquireTimeout", `reserve: lane "a": AcquireTimeout -1s is negative`},
+		{"negative priority age", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", PriorityAge: -time.Second})},
+			"a", "PriorityAge", `reserve: lane "a": PriorityAge -1s is negative`},
+		{"negative tag share", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", MaxTagShare: -1})},
+			"a", "MaxTagShare", `reserve: lane "a": MaxTagShare -1 is negative`},
 		{"cap above size", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", MaxConns: 3, Bounded: true})},
 			"a", "MaxConns", `reserve: lane "a": MaxConns 3 exceeds Size 2`},
 		{"reserve above cap", Config{Size: 4, Lanes: lanes(LaneConfig{Name: "a", Reserved: 3, MaxConns: 2})},
@@ -405,9 +409,9 @@ func TestGrantedWhileGivingUp(t *testing.T) {
 	p := newTestPool(t, nil)
 	held := mustTake(t, p, short, 8)
 	p.mu.Lock()
-	w1 := p.enqueueLocked(short)
+	w1 := p.enqueueLocked(short, Caller{})
 	ready1, since1 := w1.ready, w1.since
-	ready2 := p.enqueueLocked(short).ready
+	ready2 := p.enqueueLocked(short, Caller{}).ready
 	p.mu.Unlock()
 	p.Release(held[0]) // granted to w1
 	_, err := p.abandon(w1, ready1, short, since1, context.Canceled)
@@ -459,6 +463,17 @@ func TestUncontendedAcquireAllocatesNothing(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { _ = p.LaneStat(tx) }), "LaneStat")
+
+	// A lane ordered by priority, with a tag share: its uncontended path is the same.
+	p = newTestPool(t, func(c *Config) { c.Lanes[tx].PriorityAge, c.Lanes[tx].MaxTagShare = time.Second, 2 })
+	allocs = testing.AllocsPerRun(1000, func() {
+		s, err := p.AcquireAs(ctx, tx, Caller{Priority: 10, Tag: "checkout"})
+		if err != nil {
+			panic(err)
+		}
+		p.Release(s)
+	})
+	assert.Zero(t, allocs, "priority and tag share")
 }
 
 // TestHugeSizeAllocatesLittle: memory follows the slots held, not Size.
@@ -496,8 +511,9 @@ func TestHugeSizeAllocatesLittle(t *testing.T) {
 	requireInvariants(t, p)
 }
 
-// TestStress runs random acquires, releases, cancels and timeouts across lanes and checks the
-// invariants after every step. PGXLANES_STRESS sets its length (a Go duration, default 3s; 300ms
+// TestStress runs random acquires, releases, cancels and timeouts across lanes, by callers of
+// random priorities and tags, and checks the invariants after every step. Short and tx order
+// by priority with ageing, tx has a tag share, long is FIFO. PGXLANES_STRESS sets its length (a Go duration, default 3s; 300ms
 // with -short).
 func TestStress(t *testing.T) {
 	defer goleak.VerifyNone(t)
@@ -513,6 +529,9 @@ func TestStress(t *testing.T) {
 	cfg := testConfig()
 	cfg.Lanes[short].MaxWaiters = 20
 	cfg.Lanes[long].AcquireTimeout = 2 * time.Millisecond
+	cfg.Lanes[short].PriorityAge = time.Millisecond
+	cfg.Lanes[tx].PriorityAge = 2 * time.Millisecond
+	cfg.Lanes[tx].MaxTagShare = 2
 	p, err := New(cfg)
 	require.NoError(t, err)
 	var holding [3]atomic.Int64
@@ -528,7 +547,8 @@ func TestStress(t *testing.T) {
 				if rng.IntN(3) == 0 {
 					ctx, cancel = context.WithTimeout(ctx, time.Duration(rng.IntN(500))*time.Microsecond)
 				}
-				s, err := p.Acquire(ctx, lane)
+				c := Caller{Priority: []int{-10, 0, 10, 20}[rng.IntN(4)], Tag: []string{"", "a", "b"}[rng.IntN(3)]}
+				s, err := p.AcquireAs(ctx, lane, c)
 				cancel()
 				if err == nil {
 					acquires.Add(1)
@@ -565,5 +585,6 @@ func TestStress(t *testing.T) {
 		require.Zero(t, l.Waiting, l.Name)
 	}
 	requireInvariants(t, p)
-	t.Logf("%v: %d acquires", d, acquires.Load())
+	t.Logf("%v: %d acquires; short: %d aged grants; tx: %d aged grants, %d tag-share refusals", d, acquires.Load(),
+		st.Lanes[short].AgedGrants, st.Lanes[tx].AgedGrants, st.Lanes[tx].TagShareRefusals)
 }

@@ -2,8 +2,9 @@ package reserve
 
 import "time"
 
-// LaneStat is a snapshot of one lane: its configuration and its live figures. The pool keeps
-// no cumulative counters; its caller counts outcomes.
+// LaneStat is a snapshot of one lane: its configuration and its live figures. The pool counts
+// only the decisions that it alone sees (aged grants, tag-share pass-overs); its caller counts
+// outcomes.
 type LaneStat struct {
 	Name       string
 	Bounded    bool
@@ -17,6 +18,11 @@ type LaneStat struct {
 	// Waiting is the number of queued callers; OldestWait is how long the first of them has waited.
 	Waiting    int
 	OldestWait time.Duration
+	// AgedGrants counts the slots granted by ageing ahead of a waiter of higher priority;
+	// TagShareRefusals the grants that passed over a waiter whose tag held the lane's tag share
+	// (in dry run: that would have). Both count from New.
+	AgedGrants       int64
+	TagShareRefusals int64
 }
 
 // Stat is a snapshot of the pool taken under its lock.
@@ -53,7 +59,7 @@ func (p *Pool) laneStatLocked(i int, now time.Time) LaneStat {
 	ls := LaneStat{
 		Name: l.cfg.Name, Bounded: l.cfg.Bounded, Reserved: l.cfg.Reserved, MaxConns: l.cap,
 		MaxWaiters: l.cfg.MaxWaiters, InUse: l.held, Borrowed: max(0, l.held-l.cfg.Reserved),
-		Waiting: l.waiting,
+		Waiting: l.waiting, AgedGrants: l.agedGrants, TagShareRefusals: l.shareRefusals,
 	}
 	if l.waitHead != nil {
 		ls.OldestWait = now.Sub(l.waitHead.since)
