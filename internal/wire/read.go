@@ -15,6 +15,12 @@ func (c *Conn) Read(p []byte) (int, error) {
 		case stateBroken:
 			return 0, c.err
 		case stateDraining:
+			if c.intr != nil && c.wwait == 0 {
+				// Nothing of pgconn's is in flight (its requests were handed their synthetic
+				// end): a read waiting here, as WaitForNotification's, times out.
+				c.intr = nil
+				return 0, timeoutError{}
+			}
 			c.cond.Wait()
 			continue
 		}
@@ -132,15 +138,24 @@ func (c *Conn) ownedLocked(typ byte, body []byte) bool {
 	case len(c.reqs) == 0:
 		return true
 	}
-	swallow := c.reqs[0].swallow
-	if typ == beReady {
+	swallow := c.reqs[0].swallow()
+	switch typ {
+	case beReady:
 		if len(body) == 1 {
 			c.srv = body[0]
 		}
 		c.popLocked()
-	}
-	if swallow && typ == beError {
-		c.failed = true
+		if !swallow {
+			c.copyIn = false
+		}
+	case beError:
+		if c.reqs[0].staged {
+			c.failed = true
+		}
+	case beCopyIn:
+		if !swallow {
+			c.copyIn = true
+		}
 	}
 	return !swallow
 }
