@@ -1,9 +1,15 @@
 package pgxlanes
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"os"
+	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Use errors.Is: acquire failures are *AcquireError values that wrap one of the
@@ -112,8 +118,9 @@ func (e *BudgetError) with(err error) *BudgetError {
 
 // interruptedError is returned by a call whose context ended while the server was still working
 // on it. The call returns at once; the statement is cancelled and the connection cleaned in the
-// background, then reused. errors.Is(err, ctx.Err()) holds, and errors.As finds the
-// *pgconn.PgError (57014) that pgx returned.
+// background, then reused. errors.Is(err, ctx.Err()) holds, errors.As finds the *pgconn.PgError
+// (57014) that pgx returned, and pgconn.Timeout(err) holds when the context's deadline passed, as
+// it does for pgxpool's error (a cancelled context is not a timeout, for pgconn as here).
 type interruptedError struct {
 	lane  Lane
 	cause error // the context's error
@@ -124,4 +131,53 @@ func (e *interruptedError) Error() string {
 	return fmt.Sprintf("pgxlanes: %s lane: %v: %v", e.lane, e.cause, e.err)
 }
 
-func (e *interruptedError) Unwrap() []error { return []error{e.cause, e.err} }
+func (e *interruptedError) Unwrap() []error {
+	if errors.Is(e.cause, context.DeadlineExceeded) {
+		if t := pgconnTimeout(); t != nil {
+			return []error{t, e.cause, e.err}
+		}
+	}
+	return []error{e.cause, e.err}
+}
+
+// pgconnTimeout returns pgconn's own error for a context deadline, the one pgconn returns when a
+// deadline ends a read (its type is unexported; pgconn.Timeout finds it with errors.As). It wraps
+// context.DeadlineExceeded and nothing else. It is minted once, by a connection attempt that
+// dials nothing: its dial waits for a context that has already expired. nil if pgconn gave none.
+var pgconnTimeout = sync.OnceValue(func() error {
+	cfg, err := pgconn.ParseConfig("host=127.0.0.1 port=1 user=pgxlanes sslmode=disable")
+	if err != nil {
+		return nil
+	}
+	cfg.LookupFunc = func(_ context.Context, host string) ([]string, error) { return []string{host}, nil }
+	cfg.DialFunc = func(ctx context.Context, network, _ string) (net.Conn, error) {
+		<-ctx.Done()
+		return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
+	defer cancel()
+	_, err = pgconn.ConnectConfig(ctx, cfg)
+	return findTimeout(err)
+})
+
+// findTimeout returns the error in err's tree that pgconn.Timeout recognises and that wraps
+// context.DeadlineExceeded directly, or nil.
+func findTimeout(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Unwrap(err) == context.DeadlineExceeded && pgconn.Timeout(err) {
+		return err
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		return findTimeout(u.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if t := findTimeout(e); t != nil {
+				return t
+			}
+		}
+	}
+	return nil
+}
