@@ -78,12 +78,7 @@ func (c *Conn) consumeLocked() error {
 	cause := c.intr
 	c.intr = nil
 	_ = c.Conn.SetDeadline(time.Time{})
-	owned := 0
-	for _, q := range c.reqs {
-		if !q.swallow() {
-			owned++
-		}
-	}
+	owned := c.inFlightLocked()
 	if owned == 0 {
 		return timeoutError{}
 	}

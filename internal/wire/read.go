@@ -1,5 +1,7 @@
 package wire
 
+import "time"
+
 // Read hands pgconn the server's bytes, without the replies of staged queries, and a synthetic
 // end of a request that an interrupt ended.
 func (c *Conn) Read(p []byte) (int, error) {
@@ -25,11 +27,17 @@ func (c *Conn) Read(p []byte) (int, error) {
 			continue
 		}
 		if c.intr != nil {
-			if err := c.consumeLocked(); err != nil {
-				return 0, err
+			if c.cur == 0 || c.inFlightLocked() > 0 {
+				if err := c.consumeLocked(); err != nil {
+					return 0, err
+				}
+				continue
 			}
-			continue
+			// The read deadline that woke this reader must not end the wait for the rest.
+			_ = c.Conn.SetReadDeadline(time.Time{})
 		}
+		// Without a request of pgconn's in flight, the message pgconn has begun is finished
+		// before an interrupt returns a timeout: pgconn never sees a torn message.
 		if n := c.deliverLocked(p); n > 0 {
 			return n, nil
 		}
@@ -165,4 +173,15 @@ func (c *Conn) popLocked() {
 	if len(c.reqs) == 0 {
 		c.reqs = c.reqs[:0:cap(c.reqs)]
 	}
+}
+
+// inFlightLocked returns the number of pgconn's requests in flight. Caller must hold c.mu.
+func (c *Conn) inFlightLocked() int {
+	n := 0
+	for _, q := range c.reqs {
+		if !q.swallow() {
+			n++
+		}
+	}
+	return n
 }
