@@ -56,6 +56,8 @@ func TestDeadlineReturnsOnTimeAndKeepsSessions(t *testing.T) {
 
 	for i := range n {
 		require.ErrorIs(t, el[i], context.DeadlineExceeded, "pgxlanes call %d", i)
+		require.True(t, pgconn.Timeout(el[i]), "pgxlanes call %d: pgconn.Timeout, as pgxpool's: %v", i, el[i])
+		require.True(t, pgconn.Timeout(ep[i]), "pgxpool call %d: %v", i, ep[i])
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, el[i], &pgErr, "the server's error stays reachable")
 		assert.Equal(t, "57014", pgErr.Code)
@@ -241,6 +243,7 @@ func TestDeadlineErrorOnEveryPath(t *testing.T) {
 			err := path.run(t)
 			took := time.Since(start)
 			require.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.True(t, pgconn.Timeout(err), "pgconn.Timeout, as for pgxpool's error: %v", err)
 			// The statement was in flight when the deadline came: the server's cancel is reachable.
 			var pgErr *pgconn.PgError
 			if assert.ErrorAs(t, err, &pgErr, "the statement was interrupted in flight: %v", err) {
