@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"reflect"
 	"sync"
 	"time"
 
@@ -36,8 +37,8 @@ var (
 //	pgxlanes: short lane: acquire timed out after 1s (in use 4/4, waiting 12)
 //
 // Err is ErrAcquireTimeout, ErrLaneFull, ErrClosed, the caller's ctx error (so
-// errors.Is(err, context.DeadlineExceeded) holds when the caller's own deadline came first), or
-// the error of opening a connection.
+// errors.Is(err, context.DeadlineExceeded) holds when the caller's own deadline came first, and
+// then pgconn.Timeout(err) too), or the error of opening a connection.
 type AcquireError struct {
 	Lane     Lane
 	Tag      string
@@ -67,6 +68,16 @@ func (e *AcquireError) Error() string {
 }
 
 func (e *AcquireError) Unwrap() error { return e.Err }
+
+// As makes pgconn.Timeout(err) hold when the caller's deadline ended the wait, as it holds for
+// the error of a statement a deadline interrupted: callers that classify timeouts with pgx's
+// predicate need not know where the deadline caught the call.
+func (e *AcquireError) As(target any) bool {
+	if !errors.Is(e.Err, context.DeadlineExceeded) {
+		return false
+	}
+	return asTimeout(target)
+}
 
 // BudgetError is returned by the calls of a lease that the guard cancelled or terminated, from
 // the call it interrupted (if one was running) on, Commit included. Err is the error of the call
@@ -159,6 +170,20 @@ var pgconnTimeout = sync.OnceValue(func() error {
 	_, err = pgconn.ConnectConfig(ctx, cfg)
 	return findTimeout(err)
 })
+
+// asTimeout sets target to pgconn's timeout error if target points to a variable of its type.
+func asTimeout(target any) bool {
+	t := pgconnTimeout()
+	if t == nil {
+		return false
+	}
+	v := reflect.ValueOf(target)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Type() != reflect.TypeOf(t) {
+		return false
+	}
+	v.Elem().Set(reflect.ValueOf(t))
+	return true
+}
 
 // findTimeout returns the error in err's tree that pgconn.Timeout recognises and that wraps
 // context.DeadlineExceeded directly, or nil.

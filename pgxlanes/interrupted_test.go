@@ -36,3 +36,26 @@ func TestInterruptedErrorIdentity(t *testing.T) {
 	require.NotNil(t, t0, "pgconn gave no timeout error to mint")
 	assert.Equal(t, context.DeadlineExceeded, errors.Unwrap(t0))
 }
+
+// A deadline that ends the wait for a connection is a timeout for pgx's predicate too; the lane's
+// own acquire timeout and a cancelled context are not.
+func TestAcquireErrorTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		err     error
+		timeout bool
+	}{
+		{context.DeadlineExceeded, true},
+		{context.Canceled, false},
+		{ErrAcquireTimeout, false},
+		{ErrLaneFull, false},
+	} {
+		err := error(&AcquireError{Lane: Short, Err: tc.err})
+		assert.Equal(t, tc.timeout, pgconn.Timeout(err), "%v", tc.err)
+		assert.ErrorIs(t, err, tc.err)
+		var ae *AcquireError
+		assert.ErrorAs(t, err, &ae)
+		var anyErr error
+		require.ErrorAs(t, err, &anyErr)
+		assert.Same(t, err, anyErr)
+	}
+}
