@@ -511,3 +511,40 @@ func (s *script) untilSync() {
 		}
 	}
 }
+
+// A request never sent because its ctx ended while it waited for a drain: a named Parse in it
+// leaves the server and pgx in step (neither has the statement), so the session is kept; a Close
+// in it is one pgx may believe done while the server still has the statement, so the Conn breaks.
+func TestScriptDroppedPrepareAndClose(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		call  func(ctx context.Context, pc *pgconn.PgConn) error
+		clean bool
+	}{
+		{"named Parse", func(ctx context.Context, pc *pgconn.PgConn) error {
+			_, err := pc.Prepare(ctx, "named", "select 1", nil)
+			return err
+		}, true},
+		{"Close", func(ctx context.Context, pc *pgconn.PgConn) error { return pc.Deallocate(ctx, "named") }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newScript(t, scriptOptions)
+			ctx1, cancel1 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel1()
+			requireCanceled(t, result(t, s.exec(ctx1, "select pg_sleep(1)")).firstErr())
+			s.expectQuery()
+			s.awaitCancel()
+			ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel2()
+			requireCanceled(t, tc.call(ctx2, s.pc))
+			s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+			err := s.waitClean()
+			if tc.clean {
+				require.NoError(t, err)
+				s.roundTrip()
+			} else {
+				require.Error(t, err)
+			}
+		})
+	}
+}

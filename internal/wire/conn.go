@@ -114,6 +114,7 @@ type Conn struct {
 	nhdr       int             // bytes of it in hdr
 	extOpen    bool            // extended-protocol messages were written since the last Sync
 	extMutates bool            // and one of them creates or closes a named prepared statement
+	extCloses  bool            // and one of them closes a statement or portal
 	mutated    bool            // a drained or dropped request had mutates set
 
 	// drop: pgconn's writes are dropped until it starts a new request: the rest of a request an
@@ -399,13 +400,15 @@ func (c *Conn) scanLocked(b []byte, sent bool) {
 func (c *Conn) noteLocked(typ byte, size int, body []byte, sent bool) {
 	switch typ {
 	case feQuery, feFuncCall:
-		c.endRequestLocked(request{}, sent)
+		c.endRequestLocked(request{}, sent, false)
 		if sent {
 			c.copyEnd = false
 		}
 	case feSync:
-		c.endRequestLocked(request{mutates: c.extMutates}, sent)
-		c.extOpen, c.extMutates = false, false
+		// A dropped request that closes a statement is one pgx may believe done; one that only
+		// prepares failed for pgx as for the server, which never saw it.
+		c.endRequestLocked(request{mutates: c.extMutates}, sent, c.extCloses)
+		c.extOpen, c.extMutates, c.extCloses = false, false, false
 	case feParse:
 		c.extOpen = true
 		// A name not in this write is taken to be there: pgconn never splits a header.
@@ -413,7 +416,7 @@ func (c *Conn) noteLocked(typ byte, size int, body []byte, sent bool) {
 			c.extMutates = true
 		}
 	case feClose:
-		c.extOpen, c.extMutates = true, true
+		c.extOpen, c.extMutates, c.extCloses = true, true, true
 	case feBind, feDescribe, feExecute, feFlush:
 		c.extOpen = true
 	case feCopyDone, feCopyFail:
@@ -426,7 +429,7 @@ func (c *Conn) noteLocked(typ byte, size int, body []byte, sent bool) {
 
 // endRequestLocked notes the end of a request: sent, it is tracked; dropped, pgconn gets a
 // synthetic end of it at once. Caller must hold c.mu.
-func (c *Conn) endRequestLocked(q request, sent bool) {
+func (c *Conn) endRequestLocked(q request, sent, closes bool) {
 	if sent {
 		c.reqs = append(c.reqs, q)
 		c.cause = nil
@@ -434,7 +437,7 @@ func (c *Conn) endRequestLocked(q request, sent bool) {
 	}
 	c.out = appendError(c.out, cancelCode, cancelMessage)
 	c.out = appendReady(c.out, c.tx)
-	if q.mutates {
+	if closes {
 		// pgx may believe it closed a statement that the server still has.
 		if c.st == stateDraining {
 			c.mutated = true
