@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -547,4 +548,42 @@ func TestScriptDroppedPrepareAndClose(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Options.Ready: a Conn wrapped after authentication tracks requests from the start: staged
+// settings go before the first request, and an interrupt ends it.
+func TestReadyWrapsAfterAuthentication(t *testing.T) {
+	mc := newMemConn()
+	w := wire.New(mc, wire.Options{ResetSQL: "RESET ALL", Grace: time.Second, Ready: true})
+	w.SetCancel(func(context.Context) error { return nil })
+	w.Stage("SET a = 1")
+	q, err := (&pgproto3.Query{String: "select 1"}).Encode(nil)
+	require.NoError(t, err)
+	_, err = w.Write(q)
+	require.NoError(t, err)
+	require.Equal(t, []string{"SET a = 1", "select 1"}, mc.queries(t, 0))
+	w.Interrupt(context.DeadlineExceeded)
+	got := readUntilReady(t, w, 1, 4096)
+	require.Len(t, got, 2)
+	assert.Contains(t, string(got[0]), "57014")
+	mc.push(encode(t, &pgproto3.CommandComplete{CommandTag: []byte("SET")}, &pgproto3.ReadyForQuery{TxStatus: 'I'}, canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'}))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.Wait(ctx))
+	require.NoError(t, w.Err())
+}
+
+// Before the first ReadyForQuery nothing is tracked: an interrupt acts as a socket deadline.
+func TestInterruptDuringStartupIsADeadline(t *testing.T) {
+	mc := newMemConn()
+	w := wire.New(mc, wire.Options{Grace: time.Second})
+	w.Interrupt(context.DeadlineExceeded)
+	_, err := w.Read(make([]byte, 16))
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "%v", err)
+	w.ClearInterrupt()
+	mc.push(encode(t, &pgproto3.ReadyForQuery{TxStatus: 'I'}))
+	n, err := w.Read(make([]byte, 16))
+	require.NoError(t, err)
+	assert.Equal(t, 6, n)
 }

@@ -46,6 +46,9 @@ type Options struct {
 	// NoCancel turns cancel requests off (a pooler that cannot take them): a drain then waits for
 	// the request to end by itself, within Grace.
 	NoCancel bool
+	// Ready says the connection is wrapped after authentication, between two requests (idle, not
+	// in a transaction): tracking starts at once instead of at the first ReadyForQuery.
+	Ready bool
 }
 
 type state uint8
@@ -144,11 +147,15 @@ type Conn struct {
 }
 
 // New wraps c, which carries the protocol in the clear (a TCP or Unix socket, or a *tls.Conn).
-// Until the first ReadyForQuery (the end of authentication) bytes pass through untouched, so c
-// may be wrapped before the startup message or after authentication, at a message boundary.
+// Until the first ReadyForQuery (the end of authentication) bytes pass through untouched, and an
+// interrupt only sets a deadline of now, as pgconn's DeadlineContextWatcherHandler does; so c may
+// be wrapped before the startup message, or after authentication with Options.Ready.
 func New(c net.Conn, opts Options) *Conn {
 	w := &Conn{Conn: c, opts: opts, rbuf: make([]byte, 8192)}
 	w.cond = sync.NewCond(&w.mu)
+	if opts.Ready {
+		w.st, w.tx, w.srv = stateReady, 'I', 'I'
+	}
 	return w
 }
 

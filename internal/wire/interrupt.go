@@ -35,6 +35,11 @@ func (c *Conn) Interrupt(cause error) {
 		c.intr = cause
 		c.cond.Broadcast()
 		return
+	case stateStartup:
+		// Nothing is tracked yet: end the call as a socket deadline would.
+		c.intr = cause
+		_ = c.Conn.SetDeadline(time.Now())
+		return
 	case stateReady:
 	default:
 		return
@@ -61,7 +66,7 @@ func (c *Conn) ClearInterrupt() {
 		return
 	}
 	c.intr = nil
-	if c.st == stateReady {
+	if c.st == stateReady || c.st == stateStartup {
 		_ = c.Conn.SetDeadline(time.Time{})
 	}
 }
