@@ -12,12 +12,13 @@ GO         ?= go
 BENCH      ?= .
 BENCHCOUNT ?= 6
 STRESS     ?= 2m
+FUZZTIME   ?= 10s
 DEMOFLAGS  ?=
 MODULES    := . pgxlanestest/containers integration examples
 
 SHELL := /bin/bash
 
-.PHONY: all test bench lint vet fmt demo stress tidy
+.PHONY: all test bench lint vet fmt demo stress tidy fuzz
 
 all: lint test
 
@@ -29,6 +30,15 @@ test: vet
 		p=""; if [ "$$m" = integration ]; then p="-p 1"; fi; \
 		echo "== go test -race $$p ./... in $$m"; \
 		(cd $$m && $(GO) test -race -count=1 $$p -timeout 30m ./...); \
+	done
+	@$(MAKE) --no-print-directory fuzz
+
+# The fuzz targets of internal/wire (the protocol under pgconn), each for $(FUZZTIME); the seed
+# corpus and testdata/fuzz run in every go test.
+fuzz:
+	@set -e; for f in FuzzInterrupt FuzzWriteFraming; do \
+		echo "== go test -fuzz $$f -fuzztime $(FUZZTIME) ./internal/wire"; \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./internal/wire; \
 	done
 
 vet:
@@ -57,6 +67,7 @@ demo:
 stress:
 	PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run Stress ./internal/reserve/...
 	cd integration && PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run 'Stress|Fault' .
+	$(MAKE) --no-print-directory fuzz FUZZTIME=$(STRESS)
 
 # The harness's Docker path end to end (.ci/containers/run.sh): installs Debian's docker.io if
 # dockerd is missing, starts a private dockerd that makes no traffic beyond 127.0.0.1, imports a

@@ -54,14 +54,20 @@ func TestDeadlineReturnsOnTimeAndKeepsSessions(t *testing.T) {
 	rp, ep := run(func(ctx context.Context) error { _, err := plain.Exec(ctx, "select pg_sleep(1)"); return err })
 	newL, newP := sessions(t, dsnL)-beforeL, sessions(t, dsnP)-beforeP
 
+	timeoutsP := 0 // pgxpool's error is no timeout for pgconn when the deadline ends its acquire
 	for i := range n {
 		require.ErrorIs(t, el[i], context.DeadlineExceeded, "pgxlanes call %d", i)
+		require.True(t, pgconn.Timeout(el[i]), "pgxlanes call %d: pgconn.Timeout, as pgxpool's: %v", i, el[i])
+		if pgconn.Timeout(ep[i]) {
+			timeoutsP++
+		}
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, el[i], &pgErr, "the server's error stays reachable")
 		assert.Equal(t, "57014", pgErr.Code)
 		require.ErrorIs(t, ep[i], context.DeadlineExceeded, "pgxpool call %d", i)
 	}
 	medL, medP := median(rl), median(rp)
+	t.Logf("pgconn.Timeout(err): pgxlanes %d of %d, pgxpool %d of %d", n, n, timeoutsP, n)
 	t.Logf("return after a %v deadline, median of %d: pgxlanes %v (max %v), pgxpool %v (max %v); new sessions: pgxlanes %d, pgxpool %d",
 		deadline, n, fmtDur(medL), fmtDur(slices.Max(rl)), fmtDur(medP), fmtDur(slices.Max(rp)), newL, newP)
 	figure(t, "deadline.pgxlanes_return_ms", ms(medL))
@@ -241,6 +247,7 @@ func TestDeadlineErrorOnEveryPath(t *testing.T) {
 			err := path.run(t)
 			took := time.Since(start)
 			require.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.True(t, pgconn.Timeout(err), "pgconn.Timeout, as for pgxpool's error: %v", err)
 			// The statement was in flight when the deadline came: the server's cancel is reachable.
 			var pgErr *pgconn.PgError
 			if assert.ErrorAs(t, err, &pgErr, "the statement was interrupted in flight: %v", err) {

@@ -26,6 +26,7 @@ package wire
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
@@ -45,6 +46,9 @@ type Options struct {
 	// NoCancel turns cancel requests off (a pooler that cannot take them): a drain then waits for
 	// the request to end by itself, within Grace.
 	NoCancel bool
+	// Ready says the connection is wrapped after authentication, between two requests (idle, not
+	// in a transaction): tracking starts at once instead of at the first ReadyForQuery.
+	Ready bool
 }
 
 type state uint8
@@ -58,11 +62,19 @@ const (
 
 // request is a sent request whose ReadyForQuery has not been read yet.
 type request struct {
-	swallow bool // its replies are dropped: a staged query, or a request ended early
+	// staged: a query of the owner's (Stage, After), not pgconn's. Its replies are dropped; an
+	// error in it means the session is not what the owner staged (Failed).
+	staged bool
+	// cut: a request of pgconn's that an interrupt ended early. pgconn was handed a synthetic end
+	// of it; the server's replies are dropped, its notices and a FATAL excepted.
+	cut bool
 	// mutates: it creates or closes named prepared statements, whose server state pgconn can no
 	// longer know if the request is ended early.
 	mutates bool
 }
+
+// swallow reports whether the request's replies are dropped.
+func (q request) swallow() bool { return q.staged || q.cut }
 
 // streamAbove is the size beyond which a message handed to pgconn is passed through as it
 // arrives instead of being buffered whole; an interrupt in the middle of one breaks the Conn.
@@ -72,17 +84,20 @@ const streamAbove = 256 << 10
 var errBroken = errors.New("wire: connection unusable after an interrupted request")
 
 // Conn is a net.Conn that tracks requests and replies. It is safe for concurrent Read and Write,
-// as pgconn's background reader requires.
+// as pgconn's background reader requires. It works over any net.Conn that carries the protocol in
+// the clear, a *tls.Conn included: an interrupt sets only a read deadline unless a write is under
+// way (a write deadline that fires breaks a TLS session for good).
 type Conn struct {
 	net.Conn
 	opts   Options
 	cancel func(context.Context) error // sends a cancel request for this session; nil: none
 
-	wmu  sync.Mutex // serializes Write
+	wmu  sync.Mutex // serializes Write, held while a Write waits for a drain
 	wbuf []byte     // a write with staged queries around it; guarded by wmu
+	smu  sync.Mutex // serializes the socket writes of Write and of a drain (CopyFail)
 
 	mu   sync.Mutex // guards everything below, except rbuf, r and w (see below)
-	cond *sync.Cond // broadcast when a drain ends or the Conn breaks
+	cond *sync.Cond // broadcast when a drain ends, the Conn breaks, or an interrupt or output arrives
 	st   state
 	err  error // why the Conn broke
 
@@ -90,15 +105,30 @@ type Conn struct {
 	tx   byte      // transaction status of the last ReadyForQuery handed to pgconn
 	srv  byte      // transaction status of the last ReadyForQuery read from the server
 
-	applied string // session settings the server has once every staged query is sent
-	staged  string // settings to stage before the next request; == applied when none
+	staged string // settings to stage before the next request; == applied when none
+	// applied: the session settings the server has once every staged query is sent.
+	applied string
 	after   string // a query to send right after the next request
-	failed  bool   // a swallowed query failed: the session is not what the owner staged
+	failed  bool   // a staged query failed: the session is not what the owner staged
 
-	wrem       int  // bytes left of the frontend message the last write ended in
-	extOpen    bool // extended-protocol messages were sent since the last Sync
-	extMutates bool // and one of them creates or closes a named prepared statement
-	mutated    bool // a drained request had mutates set
+	// The frontend stream's framing, across writes.
+	wrem       int             // bytes left of the frontend message the last write ended in
+	hdr        [headerLen]byte // the start of a message header split across writes
+	nhdr       int             // bytes of it in hdr
+	extOpen    bool            // extended-protocol messages were written since the last Sync
+	extMutates bool            // and one of them creates or closes a named prepared statement
+	extCloses  bool            // and one of them closes a statement or portal
+	mutated    bool            // a drained or dropped request had mutates set
+
+	// drop: pgconn's writes are dropped until it starts a new request: the rest of a request an
+	// interrupt ended before it was sent (its synthetic end is in out), or the copy data of a cut
+	// COPY FROM STDIN (the drain ends the COPY with a CopyFail of its own).
+	drop    bool
+	copyIn  bool // pgconn was handed a CopyInResponse and has not ended the copy
+	copyEnd bool // pgconn ended the copy of the current request (CopyDone or CopyFail) on the socket
+	copyCut bool // the drain must send CopyFail: the server waits for the data of a cut COPY
+	fatal   bool // out holds a FATAL: writes are dropped so that pgconn reads it
+	wwait   int  // Writes waiting for a drain to end
 
 	// rbuf[r:w] are bytes read from the server and not yet handed on. They are touched by the
 	// reader while it holds mu or while it alone reads (reading), and by a drain while the Conn
@@ -116,10 +146,16 @@ type Conn struct {
 	onClean []func(ok bool)
 }
 
-// New wraps c.
+// New wraps c, which carries the protocol in the clear (a TCP or Unix socket, or a *tls.Conn).
+// Until the first ReadyForQuery (the end of authentication) bytes pass through untouched, and an
+// interrupt only sets a deadline of now, as pgconn's DeadlineContextWatcherHandler does; so c may
+// be wrapped before the startup message, or after authentication with Options.Ready.
 func New(c net.Conn, opts Options) *Conn {
 	w := &Conn{Conn: c, opts: opts, rbuf: make([]byte, 8192)}
 	w.cond = sync.NewCond(&w.mu)
+	if opts.Ready {
+		w.st, w.tx, w.srv = stateReady, 'I', 'I'
+	}
 	return w
 }
 
@@ -129,14 +165,6 @@ func (c *Conn) SetCancel(f func(context.Context) error) {
 	c.mu.Lock()
 	c.cancel = f
 	c.mu.Unlock()
-}
-
-// Session returns the session settings the server has once every staged query is sent: the
-// target of the last Stage, or "" for the defaults.
-func (c *Conn) Session() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.staged
 }
 
 // Stage makes the session settings target before the next request: target is a query of SET
@@ -156,7 +184,7 @@ func (c *Conn) After(sql string) {
 }
 
 // Failed reports whether a staged or queued query failed, so that the session may not have the
-// settings its owner staged.
+// settings its owner staged. One that fails during a drain also breaks the Conn.
 func (c *Conn) Failed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -175,16 +203,6 @@ func (c *Conn) Broken() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.st == stateBroken
-}
-
-// Err returns why the Conn broke, or nil.
-func (c *Conn) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.st != stateBroken {
-		return nil
-	}
-	return c.err
 }
 
 // Draining reports whether the replies of a request ended early are still being dropped.
@@ -206,23 +224,6 @@ func (c *Conn) OnClean(f func(ok bool)) bool {
 	return true
 }
 
-// Wait waits until no drain is under way, or ctx ends.
-func (c *Conn) Wait(ctx context.Context) error {
-	c.mu.Lock()
-	ch := c.cleaned
-	draining := c.st == stateDraining
-	c.mu.Unlock()
-	if !draining {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // Close closes the connection and breaks the Conn.
 func (c *Conn) Close() error {
 	c.mu.Lock()
@@ -241,25 +242,54 @@ func (c *Conn) breakLocked(err error) {
 }
 
 // Write sends b, with the staged queries before it and the queued one after it when b starts or
-// ends a request. It waits while a drain is under way.
+// ends a request. While a drain is under way, a write that starts a request waits for it to end;
+// if the caller's context ends meanwhile (Interrupt), the request is not sent at all: pgconn is
+// handed a synthetic end of it, as for a request cut in flight, and the rest of it is dropped.
+// The rest of a cut COPY's data is dropped at once, without waiting.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.mu.Lock()
-	for c.st == stateDraining {
-		c.cond.Wait()
-	}
-	switch c.st {
-	case stateBroken:
-		err := c.err
-		c.mu.Unlock()
-		return 0, err
-	case stateStartup:
+	if c.st == stateStartup {
 		c.mu.Unlock()
 		return c.Conn.Write(b)
 	}
+	if c.drop && !c.atRequestLocked(b) {
+		c.dropLocked(b)
+		c.mu.Unlock()
+		return len(b), nil
+	}
+	c.drop = false
+	for c.st == stateDraining {
+		if c.intr != nil {
+			if !c.atRequestLocked(b) {
+				// pgconn is in the middle of a request whose start was sent: it cannot be
+				// ended here without the server seeing half of it.
+				c.breakLocked(fmt.Errorf("%w: interrupted in the middle of a request", errBroken))
+				break
+			}
+			c.cause, c.intr = c.intr, nil
+			c.drop = true
+			c.dropLocked(b)
+			c.mu.Unlock()
+			return len(b), nil
+		}
+		c.wwait++
+		c.cond.Wait()
+		c.wwait--
+	}
+	if c.st == stateBroken {
+		if c.fatal {
+			// pgconn is to read the server's FATAL, as it would without this package.
+			c.mu.Unlock()
+			return len(b), nil
+		}
+		err := c.err
+		c.mu.Unlock()
+		return 0, err
+	}
 	out := b
-	if c.wrem == 0 && !c.extOpen && len(b) > 0 && startsRequest(b[0]) {
+	if c.wrem == 0 && c.nhdr == 0 && !c.extOpen && len(b) > 0 && startsRequest(b[0]) {
 		c.wbuf = c.wbuf[:0]
 		if c.staged != c.applied {
 			sql := c.staged
@@ -267,14 +297,14 @@ func (c *Conn) Write(b []byte) (int, error) {
 				sql = c.opts.ResetSQL
 			}
 			c.wbuf = appendQuery(c.wbuf, sql)
-			c.reqs = append(c.reqs, request{swallow: true})
+			c.reqs = append(c.reqs, request{staged: true})
 			c.applied = c.staged
 		}
-		c.scanLocked(b)
-		if c.after != "" && c.wrem == 0 && !c.extOpen {
+		c.scanLocked(b, true)
+		if c.after != "" && c.wrem == 0 && c.nhdr == 0 && !c.extOpen {
 			c.wbuf = append(c.wbuf, b...)
 			c.wbuf = appendQuery(c.wbuf, c.after)
-			c.reqs = append(c.reqs, request{swallow: true})
+			c.reqs = append(c.reqs, request{staged: true})
 			c.after = ""
 		} else if len(c.wbuf) > 0 {
 			c.wbuf = append(c.wbuf, b...)
@@ -283,12 +313,14 @@ func (c *Conn) Write(b []byte) (int, error) {
 			out = c.wbuf
 		}
 	} else {
-		c.scanLocked(b)
+		c.scanLocked(b, true)
 	}
 	c.writing = true
 	c.mu.Unlock()
 
+	c.smu.Lock()
 	n, err := c.Conn.Write(out)
+	c.smu.Unlock()
 
 	c.mu.Lock()
 	c.writing = false
@@ -307,6 +339,19 @@ func (c *Conn) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// atRequestLocked reports whether b starts a new request at a message boundary. Caller must hold
+// c.mu.
+func (c *Conn) atRequestLocked(b []byte) bool {
+	return c.wrem == 0 && c.nhdr == 0 && !c.extOpen && len(b) > 0 && startsRequest(b[0])
+}
+
+// dropLocked drops b, which pgconn believes it sent, and queues for pgconn a synthetic end of
+// each request b ends. Caller must hold c.mu.
+func (c *Conn) dropLocked(b []byte) {
+	c.scanLocked(b, false)
+	c.cond.Broadcast() // a reader waiting during a drain has output now
+}
+
 // startsRequest reports whether a frontend message of type t may begin a new request, so that
 // staged queries may go before it. Copy data ('d', 'c', 'f') continues one.
 func startsRequest(t byte) bool {
@@ -317,8 +362,10 @@ func startsRequest(t byte) bool {
 	return false
 }
 
-// scanLocked notes the requests that b sends. Caller must hold c.mu.
-func (c *Conn) scanLocked(b []byte) {
+// scanLocked notes the requests that b sends (sent), or queues a synthetic end of each request
+// it ends (a dropped b). A header split across writes is kept in hdr until it is whole. Caller
+// must hold c.mu.
+func (c *Conn) scanLocked(b []byte, sent bool) {
 	for len(b) > 0 {
 		if c.wrem > 0 {
 			k := min(c.wrem, len(b))
@@ -326,34 +373,84 @@ func (c *Conn) scanLocked(b []byte) {
 			b = b[k:]
 			continue
 		}
-		typ, size, ok := header(b)
-		if !ok {
-			// A header split across writes: pgconn never does this; count it as a message of
-			// unknown length, which ends tracking safely by breaking at the next interrupt.
-			c.wrem = len(b)
-			return
-		}
-		switch typ {
-		case feQuery, feFuncCall:
-			c.reqs = append(c.reqs, request{})
-			c.cause = nil
-		case feSync:
-			c.reqs = append(c.reqs, request{mutates: c.extMutates})
-			c.extOpen, c.extMutates = false, false
-			c.cause = nil
-		case feParse:
-			c.extOpen = true
-			if size > headerLen && len(b) > headerLen && namedParse(b[headerLen:min(size, len(b))]) {
-				c.extMutates = true
+		if c.nhdr > 0 || len(b) < headerLen {
+			k := copy(c.hdr[c.nhdr:], b)
+			c.nhdr += k
+			b = b[k:]
+			if c.nhdr < headerLen {
+				return
 			}
-		case feClose:
-			c.extOpen, c.extMutates = true, true
-		case feBind, feDescribe, feExecute, feFlush:
-			c.extOpen = true
+			c.nhdr = 0
+			typ, size, _ := header(c.hdr[:])
+			if size < headerLen {
+				c.wrem = 0
+				continue // malformed: the server will say so
+			}
+			body := b[:min(size-headerLen, len(b))]
+			c.noteLocked(typ, size, body, sent)
+			c.wrem = size - headerLen
+			continue
 		}
+		typ, size, _ := header(b)
+		if size < headerLen {
+			size = headerLen // malformed: the server will say so
+		}
+		c.noteLocked(typ, size, b[headerLen:min(size, len(b))], sent)
 		k := min(size, len(b))
 		c.wrem = size - k
 		b = b[k:]
+	}
+}
+
+// noteLocked notes one frontend message of type typ and total size size, of whose body the
+// first bytes are body. Caller must hold c.mu.
+func (c *Conn) noteLocked(typ byte, size int, body []byte, sent bool) {
+	switch typ {
+	case feQuery, feFuncCall:
+		c.endRequestLocked(request{}, sent, false)
+		if sent {
+			c.copyEnd = false
+		}
+	case feSync:
+		// A dropped request that closes a statement is one pgx may believe done; one that only
+		// prepares failed for pgx as for the server, which never saw it.
+		c.endRequestLocked(request{mutates: c.extMutates}, sent, c.extCloses)
+		c.extOpen, c.extMutates, c.extCloses = false, false, false
+	case feParse:
+		c.extOpen = true
+		// A name not in this write is taken to be there: pgconn never splits a header.
+		if size > headerLen && (len(body) == 0 || namedParse(body)) {
+			c.extMutates = true
+		}
+	case feClose:
+		c.extOpen, c.extMutates, c.extCloses = true, true, true
+	case feBind, feDescribe, feExecute, feFlush:
+		c.extOpen = true
+	case feCopyDone, feCopyFail:
+		c.copyIn = false
+		if sent {
+			c.copyEnd = true
+		}
+	}
+}
+
+// endRequestLocked notes the end of a request: sent, it is tracked; dropped, pgconn gets a
+// synthetic end of it at once. Caller must hold c.mu.
+func (c *Conn) endRequestLocked(q request, sent, closes bool) {
+	if sent {
+		c.reqs = append(c.reqs, q)
+		c.cause = nil
+		return
+	}
+	c.out = appendError(c.out, cancelCode, cancelMessage)
+	c.out = appendReady(c.out, c.tx)
+	if closes {
+		// pgx may believe it closed a statement that the server still has.
+		if c.st == stateDraining {
+			c.mutated = true
+		} else {
+			c.breakLocked(fmt.Errorf("%w: it created or closed a named prepared statement", errBroken))
+		}
 	}
 }
 

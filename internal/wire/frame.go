@@ -22,12 +22,16 @@ const (
 	feClose     = 'C'
 	feFlush     = 'H'
 	feTerminate = 'X'
+	feCopyData  = 'd'
+	feCopyDone  = 'c'
+	feCopyFail  = 'f'
 
 	beReady        = 'Z'
 	beError        = 'E'
 	beNotice       = 'N'
 	beNotification = 'A'
 	beParamStatus  = 'S'
+	beCopyIn       = 'G'
 )
 
 // header returns the type and total size (type byte included) of the message at the start of b,
@@ -98,3 +102,11 @@ func fatal(body []byte) bool {
 
 // namedParse reports whether a Parse message body creates a named prepared statement.
 func namedParse(body []byte) bool { return len(body) > 0 && body[0] != 0 }
+
+// appendCopyFail appends a CopyFail message with the given reason.
+func appendCopyFail(b []byte, reason string) []byte {
+	b = append(b, feCopyFail)
+	b = binary.BigEndian.AppendUint32(b, uint32(4+len(reason)+1))
+	b = append(b, reason...)
+	return append(b, 0)
+}

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -23,18 +24,35 @@ func (c *Conn) HandleUnwatchAfterCancel() { c.ClearInterrupt() }
 
 // Interrupt ends the request in flight, if any, as described in the package documentation;
 // cause is what Cause returns afterwards. With no request in flight, the next request is ended as
-// soon as it is sent, until ClearInterrupt. Interrupt does no network I/O and does not wait.
+// soon as it is sent, until ClearInterrupt. During a drain, a write waiting for it to end is ended
+// at once instead (its request is never sent), and so is a read waiting with nothing in flight.
+// Interrupt does no network I/O and does not wait.
 func (c *Conn) Interrupt(cause error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.st != stateReady {
+	switch c.st {
+	case stateDraining:
+		c.intr = cause
+		c.cond.Broadcast()
+		return
+	case stateStartup:
+		// Nothing is tracked yet: end the call as a socket deadline would.
+		c.intr = cause
+		_ = c.Conn.SetDeadline(time.Now())
+		return
+	case stateReady:
+	default:
 		return
 	}
 	c.intr = cause
 	switch {
-	case c.reading || c.writing:
-		// Wake the reader or writer; the reader consumes the interrupt, a writer breaks.
+	case c.writing:
+		// Wake the writer; it breaks the Conn (the server may have part of a message).
 		_ = c.Conn.SetDeadline(time.Now())
+	case c.reading:
+		// Wake the reader, which consumes the interrupt. Only the read side: a write deadline
+		// that fires would break a TLS session.
+		_ = c.Conn.SetReadDeadline(time.Now())
 	case len(c.reqs) > 0:
 		_ = c.consumeLocked()
 	}
@@ -48,33 +66,32 @@ func (c *Conn) ClearInterrupt() {
 		return
 	}
 	c.intr = nil
-	if c.st == stateReady {
+	if c.st == stateReady || c.st == stateStartup {
 		_ = c.Conn.SetDeadline(time.Time{})
 	}
 }
 
 // consumeLocked acts on a pending interrupt: with a request of pgconn's in flight, it queues a
 // synthetic end of it for pgconn and starts a drain; with none, it returns a timeout for the
-// reader, as a socket deadline would. It breaks the Conn when pgconn is in the middle of a
-// message whose rest has not arrived. Caller must hold c.mu.
+// reader, as a socket deadline would. It breaks the Conn, and returns a timeout for pgconn, which
+// then closes the connection, when pgconn is in the middle of a message whose rest has not
+// arrived, or when several of its requests are in flight (a pipeline with several Syncs: pgconn
+// closes the connection on a timeout, and its error is then one for which pgconn.Timeout(err) and
+// errors.Is(err, ctx.Err()) hold, which a synthetic 57014 cannot give the raw pipeline API).
+// Caller must hold c.mu.
 func (c *Conn) consumeLocked() error {
 	cause := c.intr
 	c.intr = nil
 	_ = c.Conn.SetDeadline(time.Time{})
-	owned := 0
-	for _, q := range c.reqs {
-		if !q.swallow {
-			owned++
-		}
-	}
+	owned := c.inFlightLocked()
 	if owned == 0 {
 		return timeoutError{}
 	}
-	if c.cur > c.w-c.r {
+	if c.cur > c.w-c.r || owned > 1 {
 		c.breakLocked(timeoutError{})
 		return timeoutError{}
 	}
-	// The rest of a message pgconn has begun, then an error and a ReadyForQuery per request.
+	// The rest of a message pgconn has begun, then an error and a ReadyForQuery.
 	c.out = append(c.out[:0], c.rbuf[c.r:c.r+c.cur]...)
 	c.r += c.cur
 	c.cur = 0
@@ -83,33 +100,56 @@ func (c *Conn) consumeLocked() error {
 	if tx != 'I' {
 		tx = 'E' // a statement that fails inside a transaction block aborts it
 	}
-	for range owned {
-		c.out = appendReady(c.out, tx)
-	}
+	c.out = appendReady(c.out, tx)
 	for i := range c.reqs {
-		c.reqs[i].swallow = true
+		if !c.reqs[i].staged {
+			c.reqs[i].cut = true
+		}
 	}
+	// A COPY FROM STDIN whose CopyInResponse pgconn had: the server waits for its data, and acts
+	// on a cancel only when some arrives, so the drain ends it with a CopyFail. pgconn's own copy
+	// data and CopyDone are dropped from now on.
+	c.copyCut = c.copyIn && !c.copyEnd
+	c.copyIn = false
+	c.drop = true
 	c.tx = tx
 	c.cause = cause
 	c.st = stateDraining
 	c.cleaned = make(chan struct{})
-	go c.drain(time.Now().Add(c.opts.Grace), tx)
+	boundary := c.wrem == 0 && c.nhdr == 0
+	go c.drain(time.Now().Add(c.opts.Grace), tx, boundary)
 	return nil
 }
 
+// copyFailMessage is the reason a drain gives the server when it ends a cut COPY.
+const copyFailMessage = "pgxlanes: the caller's context ended"
+
 // drain reads and drops the replies of the requests an interrupt ended, after a cancel request,
 // then makes the Conn ready again, or breaks it when the session may not be what pgconn believes.
-// It runs on its own goroutine; while the Conn is draining nothing else touches rbuf or the socket.
+// It runs on its own goroutine; while the Conn is draining nothing else touches rbuf or reads the
+// socket. boundary says whether the frontend stream was at a message boundary when the drain
+// began, so that it may write a CopyFail.
 //
 // A cancel that reaches the backend before it starts the statement (while it still reads the
 // request) is ignored by the server, so the cancel is sent again while replies are outstanding,
 // at growing intervals. That is safe: nothing new is sent on the session until the drain ends,
 // and each cancel is acknowledged (the backend signalled) before the next read.
-func (c *Conn) drain(deadline time.Time, told byte) {
+func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 	ok := c.skip() // what is already buffered may end it all
 	acked := true
 	var err error
+	copyFailed := false
 	for wait := 20 * time.Millisecond; !ok && err == nil; wait = min(2*wait, 250*time.Millisecond) {
+		if c.takeCopyCut() && !copyFailed {
+			copyFailed = true
+			if !boundary {
+				err = errors.New("a COPY was cut in the middle of a message")
+				break
+			}
+			if err = c.writeCopyFail(deadline); err != nil {
+				break
+			}
+		}
 		if !c.opts.NoCancel && c.cancel != nil {
 			acked = c.sendCancel(deadline)
 			if !acked {
@@ -128,18 +168,23 @@ func (c *Conn) drain(deadline time.Time, told byte) {
 
 	c.mu.Lock()
 	mutated := c.mutatedLocked()
-	clean := ok && err == nil && acked && c.srv == told && !mutated
+	clean := c.st == stateDraining && ok && err == nil && acked && c.srv == told && !mutated && !c.failed && !c.fatal
 	if clean {
 		c.st = stateReady
 		c.cond.Broadcast()
 	} else {
 		switch {
+		case c.st == stateBroken:
+		case c.fatal:
+			err = fmt.Errorf("%w: the server ended the session", errBroken)
 		case err != nil:
 			err = fmt.Errorf("%w: reading the server's replies: %w", errBroken, err)
 		case !acked:
 			err = fmt.Errorf("%w: the server did not acknowledge the cancel request", errBroken)
 		case mutated:
 			err = fmt.Errorf("%w: it created or closed a named prepared statement", errBroken)
+		case c.failed:
+			err = fmt.Errorf("%w: a staged session setting failed", errBroken)
 		default:
 			err = fmt.Errorf("%w: transaction status %q, pgconn was told %q", errBroken, c.srv, told)
 		}
@@ -152,6 +197,26 @@ func (c *Conn) drain(deadline time.Time, told byte) {
 	for _, f := range fs {
 		f(clean)
 	}
+}
+
+// takeCopyCut reports whether the server waits for the data of a cut COPY.
+func (c *Conn) takeCopyCut() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cut := c.copyCut
+	c.copyCut = false
+	return cut
+}
+
+// writeCopyFail ends a cut COPY FROM STDIN: the server answers with an error and a ReadyForQuery.
+func (c *Conn) writeCopyFail(deadline time.Time) error {
+	msg := appendCopyFail(nil, copyFailMessage)
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	_ = c.Conn.SetWriteDeadline(deadline)
+	_, err := c.Conn.Write(msg)
+	_ = c.Conn.SetWriteDeadline(time.Time{})
+	return err
 }
 
 // sendCancel sends a cancel request and reports whether it is safe to go on: the server
@@ -198,11 +263,19 @@ func (c *Conn) read(until time.Time) (bool, error) {
 }
 
 // skip drops the whole messages in rbuf that belong to the requests being drained and reports
-// whether every request has been answered. Notifications and parameter changes are kept for
-// pgconn. A message larger than rbuf is dropped as it arrives.
+// whether every request has been answered. What pgconn must still see is kept for it, in out:
+// notifications and parameter changes, the notices of its own cut requests, and a FATAL error
+// (then the session ends, and pgconn reads the server's reason instead of an EOF). The error of a
+// staged query marks the session failed. A message larger than rbuf is dropped as it arrives.
 func (c *Conn) skip() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	n := len(c.out)
+	defer func() {
+		if len(c.out) != n {
+			c.cond.Broadcast() // a reader may wait for it
+		}
+	}()
 	for len(c.reqs) > 0 {
 		if c.cur > 0 { // the rest of a large message being dropped
 			k := min(c.cur, c.w-c.r)
@@ -216,6 +289,10 @@ func (c *Conn) skip() bool {
 		if !ok {
 			return false
 		}
+		if size < headerLen {
+			c.breakLocked(fmt.Errorf("%w: a malformed message from the server", errBroken))
+			return false
+		}
 		if c.w-c.r < size {
 			if size <= len(c.rbuf) {
 				return false
@@ -223,15 +300,33 @@ func (c *Conn) skip() bool {
 			c.cur = size
 			continue
 		}
-		body := c.rbuf[c.r+headerLen : c.r+size]
-		switch {
-		case typ == beNotification || typ == beParamStatus:
-			c.out = append(c.out, c.rbuf[c.r:c.r+size]...)
-		case typ == beReady:
+		msg := c.rbuf[c.r : c.r+size]
+		body := msg[headerLen:]
+		q := c.reqs[0]
+		switch typ {
+		case beNotification, beParamStatus:
+			c.out = append(c.out, msg...)
+		case beNotice:
+			if !q.staged {
+				c.out = append(c.out, msg...)
+			}
+		case beError:
+			switch {
+			case fatal(body):
+				c.out = append(c.out, msg...)
+				c.fatal = true
+			case q.staged:
+				c.failed = true
+			}
+		case beCopyIn:
+			if q.cut && !c.copyEnd {
+				c.copyCut = true
+			}
+		case beReady:
 			if len(body) == 1 {
 				c.srv = body[0]
 			}
-			if c.reqs[0].mutates {
+			if q.mutates {
 				c.mutated = true
 			}
 			c.popLocked()

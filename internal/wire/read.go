@@ -1,5 +1,7 @@
 package wire
 
+import "time"
+
 // Read hands pgconn the server's bytes, without the replies of staged queries, and a synthetic
 // end of a request that an interrupt ended.
 func (c *Conn) Read(p []byte) (int, error) {
@@ -15,15 +17,27 @@ func (c *Conn) Read(p []byte) (int, error) {
 		case stateBroken:
 			return 0, c.err
 		case stateDraining:
+			if c.intr != nil && c.wwait == 0 {
+				// Nothing of pgconn's is in flight (its requests were handed their synthetic
+				// end): a read waiting here, as WaitForNotification's, times out.
+				c.intr = nil
+				return 0, timeoutError{}
+			}
 			c.cond.Wait()
 			continue
 		}
 		if c.intr != nil {
-			if err := c.consumeLocked(); err != nil {
-				return 0, err
+			if c.cur == 0 || c.inFlightLocked() > 0 {
+				if err := c.consumeLocked(); err != nil {
+					return 0, err
+				}
+				continue
 			}
-			continue
+			// The read deadline that woke this reader must not end the wait for the rest.
+			_ = c.Conn.SetReadDeadline(time.Time{})
 		}
+		// Without a request of pgconn's in flight, the message pgconn has begun is finished
+		// before an interrupt returns a timeout: pgconn never sees a torn message.
 		if n := c.deliverLocked(p); n > 0 {
 			return n, nil
 		}
@@ -132,15 +146,24 @@ func (c *Conn) ownedLocked(typ byte, body []byte) bool {
 	case len(c.reqs) == 0:
 		return true
 	}
-	swallow := c.reqs[0].swallow
-	if typ == beReady {
+	swallow := c.reqs[0].swallow()
+	switch typ {
+	case beReady:
 		if len(body) == 1 {
 			c.srv = body[0]
 		}
 		c.popLocked()
-	}
-	if swallow && typ == beError {
-		c.failed = true
+		if !swallow {
+			c.copyIn = false
+		}
+	case beError:
+		if c.reqs[0].staged {
+			c.failed = true
+		}
+	case beCopyIn:
+		if !swallow {
+			c.copyIn = true
+		}
 	}
 	return !swallow
 }
@@ -150,4 +173,15 @@ func (c *Conn) popLocked() {
 	if len(c.reqs) == 0 {
 		c.reqs = c.reqs[:0:cap(c.reqs)]
 	}
+}
+
+// inFlightLocked returns the number of pgconn's requests in flight. Caller must hold c.mu.
+func (c *Conn) inFlightLocked() int {
+	n := 0
+	for _, q := range c.reqs {
+		if !q.swallow() {
+			n++
+		}
+	}
+	return n
 }

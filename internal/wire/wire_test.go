@@ -3,6 +3,7 @@ package wire_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -27,6 +28,9 @@ func connect(t *testing.T, dsn string, mode pgx.QueryExecMode) (*pgx.Conn, *wire
 	cfg, err := pgx.ParseConfig(dsn)
 	require.NoError(t, err)
 	cfg.DefaultQueryExecMode = mode
+	if overTLS(t) {
+		cfg.DialFunc = dialTLS
+	}
 	var w *wire.Conn
 	cfg.AfterNetConnect = func(ctx context.Context, _ *pgconn.Config, c net.Conn) (net.Conn, error) {
 		w = wire.New(c, wire.Options{ResetSQL: resetSQL, Grace: 2 * time.Second})
@@ -61,7 +65,7 @@ func pid(t *testing.T, c *pgx.Conn) int32 {
 }
 
 func TestDeadlineReturnsAtOnceAndKeepsSession(t *testing.T) {
-	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	c, w := connect(t, liveDSN(t), pgx.QueryExecModeCacheStatement)
 	before := pid(t, c)
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec} {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -81,7 +85,7 @@ func TestDeadlineReturnsAtOnceAndKeepsSession(t *testing.T) {
 }
 
 func TestStagedSettingsCostNoRoundTripAndAreSwallowed(t *testing.T) {
-	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	c, w := connect(t, liveDSN(t), pgx.QueryExecModeCacheStatement)
 	ctx := context.Background()
 	show := func() (st, lt string) {
 		require.NoError(t, c.QueryRow(ctx, "select current_setting('statement_timeout'), current_setting('lock_timeout')").Scan(&st, &lt))
@@ -106,7 +110,7 @@ func TestStagedSettingsCostNoRoundTripAndAreSwallowed(t *testing.T) {
 }
 
 func TestAfterBegin(t *testing.T) {
-	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	c, w := connect(t, liveDSN(t), pgx.QueryExecModeCacheStatement)
 	ctx := context.Background()
 	w.After("set local lock_timeout = 4321")
 	tx, err := c.Begin(ctx)
@@ -120,7 +124,7 @@ func TestAfterBegin(t *testing.T) {
 }
 
 func TestRowsInterruptedMidStream(t *testing.T) {
-	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	c, w := connect(t, liveDSN(t), pgx.QueryExecModeCacheStatement)
 	const q = "select generate_series(1, $1::int), repeat('x', 200)"
 	rows, err := c.Query(context.Background(), q, 1) // prepared outside any deadline
 	require.NoError(t, err)
@@ -147,7 +151,7 @@ func TestRowsInterruptedMidStream(t *testing.T) {
 }
 
 func TestTransactionAbortedThenRolledBack(t *testing.T) {
-	c, w := connect(t, pgserver.DSN(t), pgx.QueryExecModeCacheStatement)
+	c, w := connect(t, liveDSN(t), pgx.QueryExecModeCacheStatement)
 	bg := context.Background()
 	tx, err := c.Begin(bg)
 	require.NoError(t, err)
@@ -166,7 +170,7 @@ func TestTransactionAbortedThenRolledBack(t *testing.T) {
 func TestBatchInterrupted(t *testing.T) {
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
 		t.Run(mode.String(), func(t *testing.T) {
-			c, w := connect(t, pgserver.DSN(t), mode)
+			c, w := connect(t, liveDSN(t), mode)
 			bg := context.Background()
 			// Warm the statement cache so that the interrupted batch prepares nothing.
 			warm := &pgx.Batch{}
@@ -190,7 +194,7 @@ func TestBatchInterrupted(t *testing.T) {
 // A Parse that creates a named statement and is ended early leaves the server's statements
 // unknown to pgx (the next Prepare of the name would fail with 42P05), so the Conn breaks.
 func TestNamedPrepareInterruptedBreaks(t *testing.T) {
-	dsn := pgserver.NewDatabase(t)
+	dsn := liveDatabase(t)
 	c, w := connect(t, dsn, pgx.QueryExecModeCacheStatement)
 	bg := context.Background()
 	_, err := c.Exec(bg, "create table locked (id int)")
@@ -215,7 +219,7 @@ func TestNamedPrepareInterruptedBreaks(t *testing.T) {
 }
 
 func TestWaitForNotificationTimesOutAndKeepsSession(t *testing.T) {
-	dsn := pgserver.DSN(t)
+	dsn := liveDSN(t)
 	c, w := connect(t, dsn, pgx.QueryExecModeCacheStatement)
 	bg := context.Background()
 	_, err := c.Exec(bg, "listen pgxlanes_wire")
@@ -235,4 +239,32 @@ func TestWaitForNotificationTimesOutAndKeepsSession(t *testing.T) {
 	n, err := c.WaitForNotification(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, "hello", n.Payload)
+}
+
+// A COPY FROM STDIN whose source stalls past the deadline: the caller's CopyFrom returns as soon
+// as its source does, with the 57014; the server got a CopyFail at the deadline, so the drain
+// ended at once, nothing was copied, and the session is kept.
+func TestCopyInterruptedKeepsSession(t *testing.T) {
+	c, w := connect(t, liveDSN(t), pgx.QueryExecModeCacheStatement)
+	bg := context.Background()
+	_, err := c.Exec(bg, "create temp table sink (id int)")
+	require.NoError(t, err)
+	before := pid(t, c)
+	src, feed := io.Pipe()
+	go func() {
+		_, _ = feed.Write([]byte("1\n2\n"))
+		time.Sleep(500 * time.Millisecond) // the source stalls past the deadline
+		_ = feed.Close()
+	}()
+	ctx, cancel := context.WithTimeout(bg, 100*time.Millisecond)
+	defer cancel()
+	_, err = c.PgConn().CopyFrom(ctx, src, "copy sink from stdin")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	assert.Equal(t, "57014", pgErr.Code)
+	waitClean(t, w)
+	assert.Equal(t, before, pid(t, c))
+	var n int
+	require.NoError(t, c.QueryRow(bg, "select count(*) from sink").Scan(&n))
+	assert.Zero(t, n)
 }

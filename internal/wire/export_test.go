@@ -1,0 +1,31 @@
+package wire
+
+import "context"
+
+// Wait waits until no drain is under way, or ctx ends. Only the tests wait for a drain: pgxlanes
+// is told by OnClean.
+func (c *Conn) Wait(ctx context.Context) error {
+	c.mu.Lock()
+	ch := c.cleaned
+	draining := c.st == stateDraining
+	c.mu.Unlock()
+	if !draining {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Err returns why the Conn broke, or nil.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.st != stateBroken {
+		return nil
+	}
+	return c.err
+}
