@@ -11,10 +11,12 @@
 //
 // Usage:
 //
-//	go run ./examples/httpservice [-addr 127.0.0.1:8080] [-dsn postgres://...] [-report-delay 250ms]
+//	cd examples && go run ./httpservice [-addr 127.0.0.1:8080] [-dsn postgres://...] [-report-delay 250ms]
+//
+// (examples is a module of its own: run it from examples/, or `make httpservice` from the root.)
 //
 // Without -dsn or DATABASE_URL it starts a throwaway PostgreSQL server with the test harness
-// (integration/harness) and removes it on exit. It listens on 127.0.0.1 only. SIGINT or SIGTERM
+// (internal/pgserver) and removes it on exit. It listens on 127.0.0.1 only. SIGINT or SIGTERM
 // shuts it down gracefully: in-flight requests finish, then the pool and the server close.
 package main
 
