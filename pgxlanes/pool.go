@@ -37,6 +37,8 @@ type Pool struct {
 	tracer pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
 
 	closeOnce sync.Once
+
+	status statusLog // recent budget actions and learned changes, for Status (status.go)
 }
 
 // laneRuntime is a lane's resolved configuration, the session SQL derived from it once in New,
