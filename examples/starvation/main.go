@@ -276,6 +276,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "picture: %s\n", absPath(cfg.plotPath))
 	}
+	if rep.Verdict == "fail" {
+		return verdictError{rep.failedChecks()}
+	}
 	return nil
 }
 

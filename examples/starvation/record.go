@@ -87,6 +87,7 @@ type recorder struct {
 	shorts   []sample
 	acquires [numPhases + 2][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt)
 	longs    []time.Duration                // commit times of long transactions, from start
+	holds    []time.Duration                // how long each committed transaction held its row lock
 	longFail [numKinds]int
 	slows    []slowRun         // the slow statements that ended
 	slowCut  int               // slow statements withdrawn, still waiting, at the end of the slow phase
@@ -122,9 +123,14 @@ func (r *recorder) acquired(ph phase, wait time.Duration) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) longCommitted(t time.Time) {
+// longCommitted records a commit at t of a transaction that held its row for held (0: not
+// counted in the hold times, as a worker's first transaction, a part of a hold).
+func (r *recorder) longCommitted(t time.Time, held time.Duration) {
 	r.mu.Lock()
 	r.longs = append(r.longs, t.Sub(r.start))
+	if held > 0 {
+		r.holds = append(r.holds, held)
+	}
 	r.mu.Unlock()
 }
 
@@ -272,6 +278,11 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 		}
 	}
 	res.Long.AcquireWait = waitQuantiles(r.acquires[phaseLong])
+	if len(r.holds) > 0 {
+		h := slices.Clone(r.holds)
+		slices.Sort(h)
+		res.Long.HoldP50MS = ms(h[len(h)/2])
+	}
 	return res
 }
 

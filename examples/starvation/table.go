@@ -134,17 +134,32 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 	} {
 		fmt.Fprintf(w, "  %s\n", strings.TrimSpace(fmt.Sprintf("%-44s %s %s", l.name, fmtRatio(l.v), l.note)))
 	}
-	fmt.Fprintf(w, "\ntargets\n")
+	fmt.Fprintf(w, "\nverdict: each bound from this run's own figures (docs/demo.md, \"The verdict\")\n")
 	for _, t := range r.Targets {
-		mark := "MISSED"
-		if t.Met {
-			mark = "met"
+		mark := "FAIL"
+		switch {
+		case t.NotRun:
+			mark = "not run"
+		case t.Met:
+			mark = "pass"
 		}
 		got := fmtRatio(t.Got)
-		if t.Count && t.Got != nil {
+		switch {
+		case t.Got == nil:
+		case t.Count:
 			got = fmt.Sprint(*t.Got)
+		case t.MS:
+			got = fmtDurMS(*t.Got)
 		}
-		fmt.Fprintf(w, "  %-44s %-10s want %-40s %s\n", t.What, got, t.Want, mark)
+		fmt.Fprintf(w, "  %-44s %-10s want %-52s %s\n", t.What, got, t.Want, mark)
+	}
+	switch r.Verdict {
+	case "pass":
+		fmt.Fprintf(w, "verdict: PASS: pgxlanes' lookups did not wait for the transactions nor for the slow statements\n")
+	case "incomplete":
+		fmt.Fprintf(w, "verdict: INCOMPLETE: a contender a check needs was not run (-contenders)\n")
+	default:
+		fmt.Fprintf(w, "verdict: FAIL: %s\n", strings.Join(r.failedChecks(), "; "))
 	}
 	if errs := r.errorExamples(); len(errs) > 0 {
 		fmt.Fprintf(w, "\nfirst error of each kind\n")

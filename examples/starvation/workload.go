@@ -307,6 +307,7 @@ func (d *demo) longWorker(ctx, hold context.Context, q querier, g *gate, idx int
 		// The transaction runs to completion whatever the gate says; only the run's end stops it.
 		var val string
 		err = tx.QueryRow(ctx, lockSQL, row).Scan(&val)
+		locked := time.Now()
 		if err == nil && sleepCtx(hold, holdFor) {
 			err = tx.Commit(ctx)
 		} else if err == nil {
@@ -322,7 +323,11 @@ func (d *demo) longWorker(ctx, hold context.Context, q querier, g *gate, idx int
 			rec.longFailed(classify(err), err)
 			continue
 		}
-		rec.longCommitted(time.Now())
+		var held time.Duration
+		if iter > 0 {
+			held = time.Since(locked)
+		}
+		rec.longCommitted(time.Now(), held)
 	}
 }
 

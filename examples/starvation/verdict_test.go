@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+)
+
+// TestVerdictCatchesLookupsOnTx runs the demo twice at a reduced size, with transactions that hold
+// their row for 1 s: as built, and broken so that pgxlanes sends its lookups to the Tx lane, where
+// they queue behind the transactions (lookupsOnTx). The verdict's steady check must pass as built
+// and fail broken, and the broken run must end in a failed verdict (exit status 1). The bound is
+// idle p99 + hold/10, about 100 ms here; a lookup behind a transaction waits up to 1 s.
+//
+// Not parallel: lookupsOnTx is a package variable.
+func TestVerdictCatchesLookupsOnTx(t *testing.T) {
+	dsn := pgserver.NewDatabase(t)
+	runOnce := func(broken bool) (*report, string, error) {
+		lookupsOnTx = broken
+		defer func() { lookupsOnTx = false }()
+		jsonPath := filepath.Join(t.TempDir(), "out.json")
+		args := []string{"-dsn", dsn, "-json", jsonPath, "-plot", "", "-quiet",
+			"-contenders", "idle,pgxpool,pgxlanes",
+			"-conns", "8", "-fast-conns", "2", "-rows", "1000",
+			"-long-workers", "12", "-burst-long-workers", "3", "-long-hold", "1s",
+			"-rate", "100", "-burst-rate", "200", "-burst-work", "2ms",
+			"-ramp", "300ms", "-steady", "2s", "-transition", "300ms", "-burst", "1s",
+			"-slow-clients", "6", "-slow-sleep", "500ms", "-slow-threshold", "150ms", "-learn", "1500ms", "-slow", "1s"}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		var stdout, stderr bytes.Buffer
+		err := run(ctx, args, &stdout, &stderr)
+		if err != nil && !errors.As(err, new(verdictError)) {
+			t.Fatalf("run (broken %v): %v\nstderr:\n%s", broken, err, stderr.String())
+		}
+		b, rerr := os.ReadFile(jsonPath)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		var rep report
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatal(err)
+		}
+		return &rep, stdout.String(), err
+	}
+	steady := func(rep *report) target {
+		for _, tg := range rep.Targets {
+			if tg.What == "steady: pgxlanes p99" {
+				return tg
+			}
+		}
+		t.Fatalf("no steady check in %+v", rep.Targets)
+		return target{}
+	}
+
+	good, out, err := runOnce(false)
+	t.Logf("as built: verdict %s (err %v)\n%s", good.Verdict, err, verdictBlock(out))
+	if tg := steady(good); !tg.Met || tg.NotRun {
+		t.Errorf("as built, the steady check failed: %+v", tg)
+	}
+
+	bad, out, err := runOnce(true)
+	t.Logf("broken (lookups on Tx): verdict %s (err %v)\n%s", bad.Verdict, err, verdictBlock(out))
+	if tg := steady(bad); tg.Met || tg.NotRun {
+		t.Errorf("broken, the steady check passed: %+v", tg)
+	}
+	if bad.Verdict != "fail" || !errors.As(err, new(verdictError)) {
+		t.Errorf("broken: verdict %q, run error %v; want fail and a verdictError", bad.Verdict, err)
+	}
+	if !strings.Contains(out, "verdict: FAIL: ") || !strings.Contains(out, "steady: pgxlanes p99") {
+		t.Errorf("broken: the output does not say the verdict failed on the steady check:\n%s", verdictBlock(out))
+	}
+}
+
+// verdictBlock is the output from the verdict on.
+func verdictBlock(out string) string {
+	if i := strings.Index(out, "\nverdict"); i >= 0 {
+		return out[i+1:]
+	}
+	return out
+}
