@@ -134,7 +134,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if path := os.Getenv(EnvStatusPageScreenshot); path != "" {
 		abs, err := filepath.Abs(path)
 		require.NoError(t, err)
-		chromium(t, browser, "--screenshot="+abs, "--window-size=1280,1160", "--hide-scrollbars", srv.URL+"/?refresh=0")
+		chromium(t, browser, "--screenshot="+abs, "--window-size=1280,1900", "--hide-scrollbars", srv.URL+"/?refresh=0")
 		t.Logf("screenshot: %s", abs)
 	}
 	select {
@@ -170,7 +170,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	locks := section(t, dom, `id="locks"`)
 	rows := strings.Count(locks, `class="lockwait"`)
 	assert.GreaterOrEqual(t, rows, 3, "a row per waiter and blocker")
-	assert.Equal(t, rows, strings.Count(locks, "<td>tx · waiter · transaction</td>"), "every waiter named by its lease")
+	assert.Equal(t, rows, strings.Count(locks, `<td class="who">tx · waiter · transaction</td>`), "every waiter named by its lease")
 	assert.Contains(t, locks, "tx · holder · transaction, held", "the holder named by its lease")
 	assert.Contains(t, locks, "idle in transaction", "the holder's state")
 

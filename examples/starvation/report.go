@@ -20,8 +20,9 @@ type report struct {
 	Flags      map[string]string  `json:"flags"`
 	Contenders []*contenderResult `json:"contenders"`
 	Ratios     ratios             `json:"ratios"`
-	// Targets are the verdict's checks; Verdict is "pass", "fail" or "incomplete" (a contender
-	// a check needs was not run).
+	// Targets are the verdict's checks; Verdict is "pass", "fail", "inconclusive" (the machine
+	// could not serve a phase's lookups even on an idle pool) or "incomplete" (a contender a
+	// check needs was not run).
 	Targets []target `json:"targets"`
 	Verdict string   `json:"verdict"`
 }
@@ -192,6 +193,9 @@ type target struct {
 	MS    bool `json:"ms,omitempty"`
 	// NotRun: a contender the check needs was not run (-contenders); it counts neither way.
 	NotRun bool `json:"not_run,omitempty"`
+	// Inconclusive says why the check cannot judge the pool: the idle baseline itself failed
+	// lookups in the phase (the machine could not serve the workload). It counts neither way.
+	Inconclusive string `json:"inconclusive,omitempty"`
 }
 
 func (r *report) contender(name string) *contenderResult {

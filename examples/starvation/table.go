@@ -55,7 +55,7 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		cfg.burst, cfg.burstLongWorkers, cfg.burstRate, cfg.burstWork), phaseBurst)
 	phaseTable(fmt.Sprintf("slow phase, %v after a learning period of %v: no long transactions, %d clients of an unannotated %q back to back, %g lookups/s (primary key) — short-query latency",
 		cfg.slow, cfg.learn, cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow)
-	phaseTable(fmt.Sprintf("learning period, the first %v of the slow statements (not in the targets)", cfg.learn), phaseLearn)
+	phaseTable(fmt.Sprintf("learning period, the first %v of the slow statements (not in the verdict)", cfg.learn), phaseLearn)
 
 	fmt.Fprintf(w, "\nwhole run\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -140,6 +140,8 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		switch {
 		case t.NotRun:
 			mark = "not run"
+		case t.Inconclusive != "":
+			mark = "inconclusive: " + t.Inconclusive
 		case t.Met:
 			mark = "pass"
 		}
@@ -156,6 +158,8 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 	switch r.Verdict {
 	case "pass":
 		fmt.Fprintf(w, "verdict: PASS: pgxlanes' lookups did not wait for the transactions nor for the slow statements\n")
+	case "inconclusive":
+		fmt.Fprintf(w, "verdict: INCONCLUSIVE: the machine was too busy to serve the lookups even on an idle pool; run it again when it is quieter\n")
 	case "incomplete":
 		fmt.Fprintf(w, "verdict: INCOMPLETE: a contender a check needs was not run (-contenders)\n")
 	default:

@@ -18,7 +18,7 @@ import (
 // their row for 1 s: as built, and broken so that pgxlanes sends its lookups to the Tx lane, where
 // they queue behind the transactions (lookupsOnTx). The verdict's steady check must pass as built
 // and fail broken, and the broken run must end in a failed verdict (exit status 1). The bound is
-// idle p99 + hold/10, about 100 ms here; a lookup behind a transaction waits up to 1 s.
+// idle p99 + hold/4, about 250 ms here; a lookup behind a transaction waits up to 1 s.
 //
 // Not parallel: lookupsOnTx is a package variable.
 func TestVerdictCatchesLookupsOnTx(t *testing.T) {

@@ -86,7 +86,7 @@ type leaseView struct {
 	Age    string `json:"-"`
 	Budget string `json:"-"`
 	Level  string `json:"-"` // "", "warn" (past half its budget), "bad" (over it)
-	Pct    int    `json:"-"` // age in percent of the budget, capped at 999
+	Pct    int    `json:"-"` // age in percent of the budget, capped at 9999
 }
 
 func newLeaseView(l pgxlanes.LeaseStatus) leaseView {
@@ -96,7 +96,7 @@ func newLeaseView(l pgxlanes.LeaseStatus) leaseView {
 		v.Budget = fmtDur(l.Budget)
 		v.OverAt = l.Action.String()
 		share := float64(l.Age) / float64(l.Budget)
-		v.Pct = int(min(share*100, 999))
+		v.Pct = int(min(share*100, 9999))
 		switch {
 		case share >= 1:
 			v.Level = "bad"
