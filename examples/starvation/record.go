@@ -59,6 +59,12 @@ type sample struct {
 	kind errKind
 }
 
+// probeSample is one run of the machine probe.
+type probeSample struct {
+	at  time.Duration // when it was due, from the contender's start
+	lat time.Duration // from then to the end of its round trip
+}
+
 // slowRun is one unannotated slow statement that ended, completed or failed.
 type slowRun struct {
 	end  time.Duration // from the contender's start
@@ -88,6 +94,7 @@ type recorder struct {
 	acquires [numPhases + 2][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt)
 	longs    []time.Duration                // commit times of long transactions, from start
 	holds    []time.Duration                // how long each committed transaction held its row lock
+	probes   []probeSample                  // the machine probe (probe.go)
 	longFail [numKinds]int
 	slows    []slowRun         // the slow statements that ended
 	slowCut  int               // slow statements withdrawn, still waiting, at the end of the slow phase
@@ -131,6 +138,12 @@ func (r *recorder) longCommitted(t time.Time, held time.Duration) {
 	if held > 0 {
 		r.holds = append(r.holds, held)
 	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) probed(due time.Time, lat time.Duration) {
+	r.mu.Lock()
+	r.probes = append(r.probes, probeSample{at: due.Sub(r.start), lat: lat})
 	r.mu.Unlock()
 }
 
@@ -249,6 +262,13 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 				pr.LongCommitted++
 			}
 		}
+		var probes []time.Duration
+		for _, p := range r.probes {
+			if in(p.at) {
+				probes = append(probes, p.lat)
+			}
+		}
+		pr.Probe = waitQuantiles(probes)
 		for _, s := range r.slows {
 			switch {
 			case !in(s.end):

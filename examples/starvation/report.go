@@ -72,6 +72,9 @@ type phaseResult struct {
 	// quantile that falls on a failed lookup is null.
 	Latency     quantiles `json:"latency_ms"`
 	AcquireWait waitStats `json:"acquire_wait_ms"`
+	// Probe is the machine probe's latency during the phase (probe.go): how late a "select 1"
+	// on a connection outside the pools ended, from the time it was due.
+	Probe waitStats `json:"machine_probe_ms"`
 	// LongCommitted counts the long transactions that committed during the phase; SlowDone and
 	// SlowFailed the unannotated slow statements that completed or failed during it.
 	LongCommitted int `json:"long_tx_committed"`

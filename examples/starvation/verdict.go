@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -27,8 +28,10 @@ import (
 //   - pgxlanes commits as many transactions as the two-pool split (both give them 6 of 8
 //     connections), within 20 %.
 //
-// A check is inconclusive, not failed, when the idle baseline itself failed lookups in its phase:
-// the machine could not serve the workload, and nothing can be said of the pool.
+// A check is inconclusive, not failed, when the idle baseline itself failed lookups in its phase
+// (the machine could not serve the workload), or when it failed while the machine stalled: a
+// probe outside the pools (probe.go) had a p99 over a tenth of a hold in pgxlanes' run of the
+// phase. Nothing can be said of the pool then.
 //
 // The fixed ratios of earlier versions (pgxpool ≥ 1000× pgxlanes, pgxlanes ≤ 2× idle, two-pool ≥
 // 0.9× pgxlanes) measured the machine's noise as much as the pool: they are printed among the
@@ -120,7 +123,42 @@ func (r *report) verdict() []target {
 	lt := r.Ratios.LongLanesOverTwoPool
 	ts = append(ts, target{What: "long tx committed: pgxlanes / two-pool", Want: "≥ 0.8 (both give them the same connections)",
 		Got: lt, Met: lt != nil && *lt >= 0.8, NotRun: anyNil(two, lanes)})
+
+	// A check that failed while the machine itself stalled, in pgxlanes' run of that phase, for
+	// more than a tenth of a hold at the probe's p99 is inconclusive: the stall, not the pool, may
+	// have made it fail. The probe runs outside the pools, so lookups queueing behind
+	// transactions do not move it.
+	if h := frac(hold, 10); h != nil && lanes != nil {
+		for i := range ts {
+			t := &ts[i]
+			if t.Met || t.NotRun || t.Inconclusive != "" {
+				continue
+			}
+			for _, ph := range checkPhases(t.What) {
+				if pr := *lanes.phase(ph); pr != nil && pr.Probe.N > 0 && pr.Probe.P99MS > *h {
+					t.Inconclusive = fmt.Sprintf("the machine stalled: probe p99 %s in pgxlanes' %s phase, over hold/10 = %s",
+						fmtDurMS(pr.Probe.P99MS), ph, fmtDurMS(*h))
+					break
+				}
+			}
+		}
+	}
 	return ts
+}
+
+// checkPhases returns the phases of pgxlanes' run a check's figure comes from, from its name.
+func checkPhases(what string) []phase {
+	switch {
+	case strings.HasPrefix(what, "steady: pgxlanes"):
+		return []phase{phaseSteady}
+	case strings.HasPrefix(what, "burst: pgxlanes"):
+		return []phase{phaseBurst}
+	case strings.HasPrefix(what, "slow: pgxlanes slow statements"):
+		return []phase{phaseLearn, phaseSlow}
+	case strings.HasPrefix(what, "slow: pgxlanes"):
+		return []phase{phaseSlow}
+	}
+	return nil
 }
 
 // quantile returns contender c's latency quantile q ("p50" or "p99") in phase ph; nil when c or

@@ -128,6 +128,7 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	windDown := cfg.timeout + max(maxHold(cfg), cfg.slowSleep)
 	runCtx, cancelRun = context.WithDeadline(ctx, start.Add(planned+windDown))
 	progressDone := d.progress(runCtx, spec.name, rec)
+	probeDone := probe(runCtx, d.admin, rec)
 	var cut atomic.Int32 // long workers stopped by the run's end, not by the gate
 	// stop ends the run; no goroutine of the run outlives it, whatever the way out.
 	stop := sync.OnceFunc(func() {
@@ -138,6 +139,7 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 			st.wait()
 		}
 		<-progressDone
+		<-probeDone
 	})
 	defer stop()
 

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// probeInterval is how often the machine probe runs: 50 a second, a round trip each, on the demo's
+// own admin connection, outside every contender's pools.
+const probeInterval = 20 * time.Millisecond
+
+// probe measures the machine while a contender runs: every probeInterval it runs "select 1" on
+// the admin connection and records the time from the tick it was due at to the end of the round
+// trip. It needs no pool, so what delays it is the machine: the Go scheduler, the server's
+// backends, the other processes on the CPUs. The verdict calls a phase inconclusive when the
+// probe shows the machine itself stalled for a good part of a transaction's hold then (verdict.go).
+// It returns when ctx ends; the admin connection is free again once the returned channel closes.
+func probe(ctx context.Context, conn *pgx.Conn, rec *recorder) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		due := time.Now()
+		for {
+			due = due.Add(probeInterval)
+			if !sleepCtx(ctx, time.Until(due)) {
+				return
+			}
+			if _, err := conn.Exec(ctx, "select 1"); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				continue // a failed probe is not a latency
+			}
+			rec.probed(due, time.Since(due))
+			if now := time.Now(); now.After(due.Add(probeInterval)) {
+				due = now // a stall: the next probe is due from now, not a burst to catch up
+			}
+		}
+	}()
+	return done
+}
