@@ -165,7 +165,6 @@ func (p *Pool) Status() Status {
 	// The registry is copied under its lock; call sites are resolved after, outside it.
 	type held struct {
 		l    *lease
-		ls   LeaseStatus
 		from time.Time
 	}
 	var all []held
