@@ -111,6 +111,8 @@ func TestDemo(t *testing.T) {
 				t.Errorf("%s %s: %d samples for %d ok lookups", name, ph.name, len(ph.pr.Samples.LatencyMS), ph.pr.OK)
 			case ph.pr.AcquireWait.N == 0:
 				t.Errorf("%s %s: no acquire waits recorded", name, ph.name)
+			case ph.pr.Probe.N == 0:
+				t.Errorf("%s %s: no machine probe recorded", name, ph.name)
 			}
 		}
 		if name == "pgxlanes-nolearn" && (c.Steady != nil || c.Burst != nil) {

@@ -27,8 +27,13 @@ func probe(ctx context.Context, conn *pgx.Conn, rec *recorder) <-chan struct{} {
 			if !sleepCtx(ctx, time.Until(due)) {
 				return
 			}
-			if _, err := conn.Exec(ctx, "select 1"); err != nil {
-				if ctx.Err() != nil {
+			// Not under ctx: a query interrupted by its context makes pgx close the connection,
+			// and the admin connection must outlive the run (sessionsAfter, the next contender).
+			qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_, err := conn.Exec(qctx, "select 1")
+			cancel()
+			if err != nil {
+				if conn.IsClosed() {
 					return
 				}
 				continue // a failed probe is not a latency
