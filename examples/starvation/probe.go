@@ -11,8 +11,8 @@ import (
 // own admin connection, outside every contender's pools.
 const probeInterval = 20 * time.Millisecond
 
-// probe measures the machine while a contender runs: every probeInterval it runs "select 1" on
-// the admin connection and records the time from the tick it was due at to the end of the round
+// probe measures the machine while a contender runs: a "select 1" on the admin connection is due
+// every probeInterval, and each records the time from when it was due to the end of its round
 // trip. It needs no pool, so what delays it is the machine: the Go scheduler, the server's
 // backends, the other processes on the CPUs. The verdict calls a phase inconclusive when the
 // probe shows the machine itself stalled for a good part of a transaction's hold then (verdict.go).
@@ -38,10 +38,10 @@ func probe(ctx context.Context, conn *pgx.Conn, rec *recorder) <-chan struct{} {
 				}
 				continue // a failed probe is not a latency
 			}
+			// After a stall the probes that fell due meanwhile run at once, each timed from its
+			// own due time: a stall counts for as long as it lasted, not as one late probe
+			// (coordinated omission).
 			rec.probed(due, time.Since(due))
-			if now := time.Now(); now.After(due.Add(probeInterval)) {
-				due = now // a stall: the next probe is due from now, not a burst to catch up
-			}
 		}
 	}()
 	return done
