@@ -92,3 +92,69 @@ func verdictBlock(out string) string {
 	}
 	return out
 }
+
+// TestVerdictRules checks the verdict's rules on made-up figures, without a server: the bounds
+// come from the run's own hold and idle figures; a failure while the machine probe shows a stall,
+// or in a phase where the idle pool failed lookups, is inconclusive; a failure without either is
+// a failure.
+func TestVerdictRules(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	phaseWith := func(p50, p99 float64, probe float64, failed int) *phaseResult {
+		pr := &phaseResult{Latency: quantiles{P50: f(p50), P99: f(p99)}, Probe: waitStats{N: 100, P99MS: probe}}
+		pr.Failed.AcquireTimeout = failed
+		pr.SlowDone = 2
+		return pr
+	}
+	build := func(lanesSteadyP50, lanesSteadyP99, lanesProbe float64, idleFailed int) *report {
+		r := &report{Flags: map[string]string{"slow-sleep": "1.5s"}}
+		r.Contenders = []*contenderResult{
+			{Name: "idle", Steady: phaseWith(1, 10, 5, idleFailed), Burst: phaseWith(6, 7, 5, 0), Slow: phaseWith(1, 10, 5, 0)},
+			{Name: "pgxpool", Steady: phaseWith(1200, 2050, 5, 0), Burst: phaseWith(6, 7, 5, 0), Slow: phaseWith(900, 1500, 5, 0),
+				Long: longResult{Committed: 29, HoldP50MS: 2000}},
+			{Name: "two-pool", Steady: phaseWith(1, 10, 5, 0), Burst: phaseWith(700, 1400, 5, 0), Slow: phaseWith(2000, 3900, 5, 0),
+				Long: longResult{Committed: 25}},
+			{Name: "pgxlanes", Steady: phaseWith(lanesSteadyP50, lanesSteadyP99, lanesProbe, 0), Burst: phaseWith(6, 7, 5, 0),
+				Slow: phaseWith(1, 10, 5, 0), Long: longResult{Committed: 25}},
+		}
+		r.compute()
+		return r
+	}
+	check := func(r *report, what string) target {
+		for _, tg := range r.Targets {
+			if tg.What == what {
+				return tg
+			}
+		}
+		t.Fatalf("no check %q", what)
+		return target{}
+	}
+	for _, tc := range []struct {
+		name           string
+		p50, p99       float64
+		probe          float64
+		idleFailed     int
+		verdict        string
+		p50Met, p99Met bool
+	}{
+		{"near idle", 2, 50, 5, 0, "pass", true, true},
+		{"within the bounds (idle + 200 ms, idle + 1 s)", 200, 1000, 5, 0, "pass", true, true},
+		{"queued behind transactions", 1000, 2000, 5, 0, "fail", false, false},
+		{"a tail stall only", 2, 1100, 5, 0, "fail", true, false},
+		{"queued while the machine stalled", 1000, 2000, 250, 0, "inconclusive", false, false},
+		{"the idle pool failed lookups", 1000, 2000, 5, 3, "inconclusive", false, false},
+	} {
+		r := build(tc.p50, tc.p99, tc.probe, tc.idleFailed)
+		if r.Verdict != tc.verdict {
+			t.Errorf("%s: verdict %q, want %q: %+v", tc.name, r.Verdict, tc.verdict, r.Targets)
+		}
+		if got := check(r, "steady: pgxlanes p50"); got.Met != tc.p50Met {
+			t.Errorf("%s: p50 check %+v, want met %v", tc.name, got, tc.p50Met)
+		}
+		if got := check(r, "steady: pgxlanes p99"); got.Met != tc.p99Met {
+			t.Errorf("%s: p99 check %+v, want met %v", tc.name, got, tc.p99Met)
+		}
+		if got := check(r, "steady: pgxlanes p99"); got.Want != "≤ idle p99 + hold/2 = 1.01s" {
+			t.Errorf("%s: the p99 bound reads %q, want it from the run's hold (2 s) and idle p99 (10 ms)", tc.name, got.Want)
+		}
+	}
+}
