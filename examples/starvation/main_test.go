@@ -225,3 +225,18 @@ func TestRedactArgs(t *testing.T) {
 		t.Errorf("redactArgs = %q, want %q", got, want)
 	}
 }
+
+// TestAbsPath: the demo prints the files it writes by their full path, so that `make demo`, which
+// runs it from examples/, points the reader at the right directory.
+func TestAbsPath(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := absPath("demo-report.png"), filepath.Join(wd, "demo-report.png"); got != want {
+		t.Errorf("absPath(demo-report.png) = %q, want %q", got, want)
+	}
+	if got := absPath("/tmp/x.png"); got != "/tmp/x.png" {
+		t.Errorf("absPath(/tmp/x.png) = %q", got)
+	}
+}
