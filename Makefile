@@ -28,8 +28,9 @@ all: lint test
 test: vet
 	@set -e; for m in $(MODULES); do \
 		p=""; if [ "$$m" = integration ]; then p="-p 1"; fi; \
-		echo "== go test -race $$p ./... in $$m"; \
+		echo "== go test -race $$p ./... in $$m"; s=$$SECONDS; \
 		(cd $$m && $(GO) test -race -count=1 $$p -timeout 30m ./...); \
+		echo "== $$m: $$((SECONDS - s))s"; \
 	done
 	@$(MAKE) --no-print-directory fuzz
 
@@ -59,8 +60,16 @@ fmt:
 tidy:
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) mod tidy); done
 
+# examples is a module of its own: its commands run from examples/, so a relative -plot or -json
+# path lands there (the demo prints the full path). `make demo DEMOFLAGS=-h` lists every flag.
 demo:
 	cd examples && $(GO) run ./starvation $(DEMOFLAGS)
+
+# The example HTTP service on a throwaway PostgreSQL (HTTPFLAGS, e.g. -addr 127.0.0.1:8081).
+HTTPFLAGS ?=
+.PHONY: httpservice
+httpservice:
+	cd examples && $(GO) run ./httpservice $(HTTPFLAGS)
 
 # The randomized stress tests for longer than in `make test`, and the fault suite with each fault
 # repeated under load for $(STRESS) (integration/fault_test.go; docs/reliability.md).
@@ -71,9 +80,10 @@ stress:
 
 # The harness's Docker path end to end (.ci/containers/run.sh): installs Debian's docker.io if
 # dockerd is missing, starts a private dockerd that makes no traffic beyond 127.0.0.1, imports a
-# PostgreSQL image from the local binaries, runs the Docker step's tests, the integration suite and
-# pgxlanestest's tests with the Docker step forced, then tears it all down. Exit 3: the machine
-# could not be provisioned (a banner says why).
+# PostgreSQL image from the local binaries, runs the tests that depend on the server's source (the
+# Docker step's, the harness's server tests and pgxlanestest's) with the Docker step forced, then
+# tears it all down. Needs root the first time (apt). Exit 3: the machine could not be provisioned
+# (a banner says why).
 .PHONY: test-containers
 test-containers:
 	bash .ci/containers/run.sh

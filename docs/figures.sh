@@ -49,7 +49,7 @@ fi
 demo_figures() {
 	awk '
 		/^ratios/ { sect = "ratio"; next }
-		/^targets/ { sect = "target"; next }
+		/^targets/ || /^verdict: each/ { sect = "target"; next }
 		/^$/ { sect = ""; next }
 		sect == "ratio" && match($0, /[0-9.]+×/) {
 			name = substr($0, 1, RSTART - 1); v = substr($0, RSTART, RLENGTH - 2)
@@ -69,7 +69,7 @@ if [ "$what" = all ] || [ "$what" = demo ]; then
 	for i in $(seq "$RUNS"); do
 		echo "demo run $i of $RUNS (load $(cut -d' ' -f1 /proc/loadavg))" >&2
 		"$out/starvation" -quiet -plot "$out/demo$i.png" -json "$out/demo$i.json" >"$out/demo$i.txt" 2>&1 ||
-			echo "demo run $i exited non-zero (a missed target, or a failure): see below"
+			echo "demo run $i exited non-zero (a failed verdict, or a failure): see below"
 		demo_figures "$out/demo$i.txt" >"$out/demo$i.fig"
 	done
 	summarize "$out"/demo*.fig

@@ -27,7 +27,9 @@ func (p *Pool) changed(c stmtstats.Change, sql string) {
 	if c == stmtstats.None {
 		return
 	}
-	p.obs.statement(StatementEvent{SQL: truncate(sql, 80), Demoted: c == stmtstats.Demoted})
+	e := StatementEvent{SQL: truncate(sql, 80), Demoted: c == stmtstats.Demoted}
+	p.status.statement(e)
+	p.obs.statement(e)
 }
 
 // truncate returns s cut to at most n bytes at a rune boundary, with "…" when cut.

@@ -109,10 +109,10 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	if p.config.CaptureCallSites {
 		l.callSite = captureCallSite()
 	}
+	l.acquired = time.Now() // before the registry publishes the lease: Status and blame read it
 	if rt.lane != Short {
 		srv.holders.add(l)
 	}
-	l.acquired = time.Now()
 	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action)}
 	if rt.learn {
 		l.sql = sql

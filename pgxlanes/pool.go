@@ -39,6 +39,8 @@ type Pool struct {
 	shareLog shareLog // rate-limits the tag share's log lines (priority.go)
 
 	closeOnce sync.Once
+
+	status statusLog // recent budget actions and learned changes, for Status (status.go)
 }
 
 // laneRuntime is a lane's resolved configuration, the session SQL derived from it once in New,

@@ -220,6 +220,7 @@ func (p *Pool) violated(v Violation) {
 	if int(v.Lane) < numLanes {
 		p.lanes[v.Lane].counts.violated(v)
 	}
+	p.status.violation(v)
 	p.obs.violation(v)
 }
 

@@ -6,10 +6,14 @@
 #     start a private dockerd (vfs storage, no iptables, no default bridge, no IP forwarding, a
 #     socket and data root under $PGXLANES_DOCKER_DIR); build a PostgreSQL image from the local
 #     binaries with build-image.sh unless it is there already;
-#  2. test, with the Docker step forced and on the host's network (PostgreSQL on 127.0.0.1 only):
-#     the Docker step's own tests (pgxlanestest/containers), the integration suite, and the tests
-#     of pgxlanestest (through a workspace and an overlay that link the Docker step into them); every
-#     harness start must say it used Docker;
+#  2. test, with the Docker step forced and on the host's network (PostgreSQL on 127.0.0.1 only),
+#     the part of the suite that depends on where the server comes from: the Docker step's own
+#     tests (pgxlanestest/containers), the harness's tests of a server from any source
+#     (internal/pgserver: it answers, isolated databases, drop, the DSN's password), and the tests
+#     of pgxlanestest (both through a workspace and an overlay that link the Docker step into
+#     them); every harness start must say it used Docker. The integration suite is not run again
+#     here: it runs in `make test` against the local server, and what it tests (the pool) does not
+#     depend on where the server runs; the harness's and pgxlanestest's tests cover what does;
 #  3. tear down: containers, networks, dockerd; then check with ps that nothing it started is left.
 #
 # Exit status: 0 when the tests passed on the Docker path, 3 when provisioning failed (after a
@@ -260,10 +264,25 @@ gotest() {
 	t="$(now)"
 	(cd "$where" && go test -race -count=1 -timeout 30m -v "$@") >"$logs/$name.log" 2>&1 9>&- &
 	local pid=$!
+	# Progress: the filter below hides the -v chatter, so every 30 s a line says how far it got.
+	(
+		while sleep 30; do
+			kill -0 "$pid" 2>/dev/null || break
+			printf '   ... %s: %ds, %d tests passed, %d skipped, %d failed so far; last started: %s\n' "$name" \
+				"$(awk -v a="$t" -v b="$EPOCHREALTIME" 'BEGIN { printf "%d", b - a }')" \
+				"$(grep -c -E '^[[:space:]]*--- PASS' "$logs/$name.log")" \
+				"$(grep -c -E '^[[:space:]]*--- SKIP' "$logs/$name.log")" \
+				"$(grep -c -E '^[[:space:]]*--- FAIL' "$logs/$name.log")" \
+				"$(grep -E '^=== RUN' "$logs/$name.log" | tail -n 1 | awk '{ print $3 }')"
+		done
+	) 9>&- &
+	local progress=$!
 	tail -n +1 -f --pid "$pid" "$logs/$name.log" |
 		grep --line-buffered -v -E '^(=== (RUN|PAUSE|CONT|NAME)|[[:space:]]*--- (PASS|SKIP)|[0-9]{4}/[0-9]{2}/[0-9]{2} [0-9:]{8} (🐳|✅|⏳|🔔|🚫|🛑|⚠))'
 	wait "$pid"
 	rc=$?
+	kill "$progress" 2>/dev/null
+	wait "$progress" 2>/dev/null
 	timings+=("go test $name: $(elapsed "$t")s")
 
 	local docker_starts other_starts foreign
@@ -289,23 +308,26 @@ gotest() {
 	fi
 }
 
-# The step's own tests start containers without the harness; the integration suite goes through it.
+# The step's own tests start containers without the harness.
 gotest containers pgxlanestest/containers 0 ./...
-gotest integration integration 1 ./...
-if compgen -G 'pgxlanestest/*.go' >/dev/null; then
-	# pgxlanestest is in the library's module, which must not require the Docker step's module
-	# (that would put testcontainers in every importer's module graph). Its tests link the step
-	# here only: a workspace of both modules, and an overlay that adds one test file importing it.
-	ws="$(mktemp -d /tmp/pgxlanes-ws.XXXXXX)"
-	printf 'go %s\n\nuse (\n\t%s\n\t%s/pgxlanestest/containers\n)\n' \
-		"$(awk '$1 == "go" { print $2; exit }' go.mod)" "$repo" "$repo" >"$ws/go.work"
-	printf 'package pgxlanestest_test\n\nimport _ "github.com/pgxlanes/pgxlanes/pgxlanestest/containers"\n' >"$ws/docker_step_test.go"
-	printf '{"Replace": {"%s/pgxlanestest/zz_docker_step_test.go": "%s/docker_step_test.go"}}\n' "$repo" "$ws" >"$ws/overlay.json"
-	GOWORK="$ws/go.work" gotest pgxlanestest . 1 -overlay "$ws/overlay.json" ./pgxlanestest/...
-	rm -rf "$ws"
-else
-	echo "test-containers: no package pgxlanestest yet: its tests are not run"
-fi
+
+# internal/pgserver and pgxlanestest are in the library's module, which must not require the
+# Docker step's module (that would put testcontainers in every importer's module graph). Their
+# tests link the step here only: a workspace of both modules, and an overlay that adds one test
+# file importing it to each package.
+ws="$(mktemp -d /tmp/pgxlanes-ws.XXXXXX)"
+printf 'go %s\n\nuse (\n\t%s\n\t%s/pgxlanestest/containers\n)\n' \
+	"$(awk '$1 == "go" { print $2; exit }' go.mod)" "$repo" "$repo" >"$ws/go.work"
+printf 'package pgserver_test\n\nimport _ "github.com/pgxlanes/pgxlanes/pgxlanestest/containers"\n' >"$ws/pgserver_docker_step_test.go"
+printf 'package pgxlanestest_test\n\nimport _ "github.com/pgxlanes/pgxlanes/pgxlanestest/containers"\n' >"$ws/pgxlanestest_docker_step_test.go"
+printf '{"Replace": {"%s/internal/pgserver/zz_docker_step_test.go": "%s/pgserver_docker_step_test.go", "%s/pgxlanestest/zz_docker_step_test.go": "%s/pgxlanestest_docker_step_test.go"}}\n' \
+	"$repo" "$ws" "$repo" "$ws" >"$ws/overlay.json"
+# The harness's tests of a server whatever its source (harness_test.go); its other tests start
+# local servers on purpose (faults, restarts) and have run in make test.
+GOWORK="$ws/go.work" gotest pgserver . 1 -overlay "$ws/overlay.json" \
+	-run '^(TestServerAnswers|TestCreateDatabaseIsolated|TestDropDatabase|TestDSNHasPassword)$' ./internal/pgserver
+GOWORK="$ws/go.work" gotest pgxlanestest . 1 -overlay "$ws/overlay.json" ./pgxlanestest/...
+rm -rf "$ws"
 
 # --- tear down ---------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 //	POST /orders      an order: a transaction, Tx lane, tag "order" (form value item=<id>)
 //	GET  /report      a report: long work, annotated for the Long lane, tag "report"
 //	GET  /metrics     Prometheus metrics (pgxlanes_..., go_..., process_...)
+//	GET  /debug/pgxlanes  the pool's live status page (metrics/statuspage; ?format=json for scripts)
 //
 // A middleware puts each route's tag on the request context (pgxlanes.WithTag), and the collector
 // exports those tags through an allow-list. A failed acquire (lane timeout or full queue) answers
@@ -11,10 +12,12 @@
 //
 // Usage:
 //
-//	go run ./examples/httpservice [-addr 127.0.0.1:8080] [-dsn postgres://...] [-report-delay 250ms]
+//	cd examples && go run ./httpservice [-addr 127.0.0.1:8080] [-dsn postgres://...] [-report-delay 250ms]
+//
+// (examples is a module of its own: run it from examples/, or `make httpservice` from the root.)
 //
 // Without -dsn or DATABASE_URL it starts a throwaway PostgreSQL server with the test harness
-// (integration/harness) and removes it on exit. It listens on 127.0.0.1 only. SIGINT or SIGTERM
+// (internal/pgserver) and removes it on exit. It listens on 127.0.0.1 only. SIGINT or SIGTERM
 // shuts it down gracefully: in-flight requests finish, then the pool and the server close.
 package main
 
@@ -40,6 +43,7 @@ import (
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/metrics"
+	"github.com/pgxlanes/pgxlanes/metrics/statuspage"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -119,6 +123,7 @@ func run(ctx context.Context, args []string, ready func(addr string)) error {
 		mux.Handle(rt.pattern, withTag(rt.tag, a.handler(rt.handler)))
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /debug/pgxlanes", statuspage.New(pool, statuspage.WithName("httpservice")))
 
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {

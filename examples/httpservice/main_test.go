@@ -238,6 +238,11 @@ func TestService(t *testing.T) {
 	if mfs["go_goroutines"] == nil {
 		t.Error("/metrics has no go_goroutines: the Go collector is missing")
 	}
+	// The status page is mounted, and its JSON names the three lanes.
+	if status, body := call(t, http.MethodGet, base+"/debug/pgxlanes?format=json"); status != http.StatusOK ||
+		!strings.Contains(body, `"lane": "short"`) || !strings.Contains(body, `"lane": "long"`) {
+		t.Errorf("GET /debug/pgxlanes?format=json: %d\n%s", status, body)
+	}
 
 	if err := stop(); err != nil {
 		t.Errorf("run after the cancel: %v", err)

@@ -217,7 +217,11 @@ func buildLanes(learn bool) func(ctx context.Context, dsn string, cfg *config, r
 			}
 			return c.Conn(), c.Release, nil
 		}
-		return &pools{short: p, long: p, close: p.Close,
+		var short querier = p
+		if lookupsOnTx {
+			short = txLane{p}
+		}
+		return &pools{short: short, long: p, close: p.Close,
 			openConns: func() int32 { return established(p.Stat()) },
 			newConns:  func() int64 { return p.Stat().NewConnsCount() },
 			each: func(ctx context.Context, f func(*pgx.Conn) error) error {
@@ -230,6 +234,13 @@ func buildLanes(learn bool) func(ctx context.Context, dsn string, cfg *config, r
 					Promotions: l.Promotions, LongMaxConns: st.Lane(pgxlanes.Long).MaxConns}
 			}}, nil
 	}
+}
+
+// txLane sends every plain query to the Tx lane: the broken build of lookupsOnTx (verdict.go).
+type txLane struct{ *pgxlanes.Pool }
+
+func (q txLane) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return q.Pool.QueryRow(pgxlanes.WithLane(ctx, pgxlanes.Tx), sql, args...)
 }
 
 // acquireTracer times pgxpool's Acquire for the calls whose context carries a phase.

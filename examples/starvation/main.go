@@ -33,6 +33,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -135,7 +136,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the lookup keys and hold times")
 	only := fs.String("contenders", strings.Join(contenderNames, ","), "the contenders to run, in order (comma-separated)")
 	fs.StringVar(&c.jsonPath, "json", "", "write the raw figures to this JSON file")
-	fs.StringVar(&c.plotPath, "plot", "demo-report.png", "draw the latency picture to this file (.png or .svg); empty for none")
+	fs.StringVar(&c.plotPath, "plot", "demo-report.png", "draw the latency picture to this file (.png or .svg; a relative path is from the working directory, examples/ under make demo); empty for none")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines on stderr")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -267,15 +268,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := rep.writeJSON(cfg.jsonPath); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "\nraw figures: %s\n", cfg.jsonPath)
+		fmt.Fprintf(stdout, "\nraw figures: %s\n", absPath(cfg.jsonPath))
 	}
 	if cfg.plotPath != "" {
 		if err := drawPlot(rep, cfg, cfg.plotPath); err != nil {
 			return fmt.Errorf("drawing %s: %w", cfg.plotPath, err)
 		}
-		fmt.Fprintf(stdout, "picture: %s\n", cfg.plotPath)
+		fmt.Fprintf(stdout, "picture: %s\n", absPath(cfg.plotPath))
+	}
+	if rep.Verdict == "fail" {
+		return verdictError{rep.failedChecks()}
 	}
 	return nil
+}
+
+// absPath returns path made absolute, or path itself if that fails: `make demo` runs the demo from
+// examples/ (a module of its own), so a relative path printed as given would point the reader at
+// the wrong directory.
+func absPath(path string) string {
+	if abs, err := filepath.Abs(path); err == nil {
+		return abs
+	}
+	return path
 }
 
 // flagValues returns every flag's value, defaults included, for the JSON report.

@@ -59,6 +59,12 @@ type sample struct {
 	kind errKind
 }
 
+// probeSample is one run of the machine probe.
+type probeSample struct {
+	at  time.Duration // when it was due, from the contender's start
+	lat time.Duration // from then to the end of its round trip
+}
+
 // slowRun is one unannotated slow statement that ended, completed or failed.
 type slowRun struct {
 	end  time.Duration // from the contender's start
@@ -87,6 +93,8 @@ type recorder struct {
 	shorts   []sample
 	acquires [numPhases + 2][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt)
 	longs    []time.Duration                // commit times of long transactions, from start
+	holds    []time.Duration                // how long each committed transaction held its row lock
+	probes   []probeSample                  // the machine probe (probe.go)
 	longFail [numKinds]int
 	slows    []slowRun         // the slow statements that ended
 	slowCut  int               // slow statements withdrawn, still waiting, at the end of the slow phase
@@ -122,9 +130,20 @@ func (r *recorder) acquired(ph phase, wait time.Duration) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) longCommitted(t time.Time) {
+// longCommitted records a commit at t of a transaction that held its row for held (0: not
+// counted in the hold times, as a worker's first transaction, a part of a hold).
+func (r *recorder) longCommitted(t time.Time, held time.Duration) {
 	r.mu.Lock()
 	r.longs = append(r.longs, t.Sub(r.start))
+	if held > 0 {
+		r.holds = append(r.holds, held)
+	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) probed(due time.Time, lat time.Duration) {
+	r.mu.Lock()
+	r.probes = append(r.probes, probeSample{at: due.Sub(r.start), lat: lat})
 	r.mu.Unlock()
 }
 
@@ -243,6 +262,13 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 				pr.LongCommitted++
 			}
 		}
+		var probes []time.Duration
+		for _, p := range r.probes {
+			if in(p.at) {
+				probes = append(probes, p.lat)
+			}
+		}
+		pr.Probe = waitQuantiles(probes)
 		for _, s := range r.slows {
 			switch {
 			case !in(s.end):
@@ -272,6 +298,11 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 		}
 	}
 	res.Long.AcquireWait = waitQuantiles(r.acquires[phaseLong])
+	if len(r.holds) > 0 {
+		h := slices.Clone(r.holds)
+		slices.Sort(h)
+		res.Long.HoldP50MS = ms(h[len(h)/2])
+	}
 	return res
 }
 

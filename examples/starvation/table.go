@@ -55,7 +55,7 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		cfg.burst, cfg.burstLongWorkers, cfg.burstRate, cfg.burstWork), phaseBurst)
 	phaseTable(fmt.Sprintf("slow phase, %v after a learning period of %v: no long transactions, %d clients of an unannotated %q back to back, %g lookups/s (primary key) — short-query latency",
 		cfg.slow, cfg.learn, cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow)
-	phaseTable(fmt.Sprintf("learning period, the first %v of the slow statements (not in the targets)", cfg.learn), phaseLearn)
+	phaseTable(fmt.Sprintf("learning period, the first %v of the slow statements (not in the verdict)", cfg.learn), phaseLearn)
 
 	fmt.Fprintf(w, "\nwhole run\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -134,17 +134,36 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 	} {
 		fmt.Fprintf(w, "  %s\n", strings.TrimSpace(fmt.Sprintf("%-44s %s %s", l.name, fmtRatio(l.v), l.note)))
 	}
-	fmt.Fprintf(w, "\ntargets\n")
+	fmt.Fprintf(w, "\nverdict: each bound from this run's own figures (docs/demo.md, \"The verdict\")\n")
 	for _, t := range r.Targets {
-		mark := "MISSED"
-		if t.Met {
-			mark = "met"
+		mark := "FAIL"
+		switch {
+		case t.NotRun:
+			mark = "not run"
+		case t.Inconclusive != "":
+			mark = "inconclusive: " + t.Inconclusive
+		case t.Met:
+			mark = "pass"
 		}
 		got := fmtRatio(t.Got)
-		if t.Count && t.Got != nil {
+		switch {
+		case t.Got == nil:
+		case t.Count:
 			got = fmt.Sprint(*t.Got)
+		case t.MS:
+			got = fmtDurMS(*t.Got)
 		}
-		fmt.Fprintf(w, "  %-44s %-10s want %-40s %s\n", t.What, got, t.Want, mark)
+		fmt.Fprintf(w, "  %-44s %-10s want %-52s %s\n", t.What, got, t.Want, mark)
+	}
+	switch r.Verdict {
+	case "pass":
+		fmt.Fprintf(w, "verdict: PASS: pgxlanes' lookups did not wait for the transactions nor for the slow statements\n")
+	case "inconclusive":
+		fmt.Fprintf(w, "verdict: INCONCLUSIVE: the machine was too busy to serve the lookups even on an idle pool; run it again when it is quieter\n")
+	case "incomplete":
+		fmt.Fprintf(w, "verdict: INCOMPLETE: a contender a check needs was not run (-contenders)\n")
+	default:
+		fmt.Fprintf(w, "verdict: FAIL: %s\n", strings.Join(r.failedChecks(), "; "))
 	}
 	if errs := r.errorExamples(); len(errs) > 0 {
 		fmt.Fprintf(w, "\nfirst error of each kind\n")

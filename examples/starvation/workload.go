@@ -128,6 +128,7 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	windDown := cfg.timeout + max(maxHold(cfg), cfg.slowSleep)
 	runCtx, cancelRun = context.WithDeadline(ctx, start.Add(planned+windDown))
 	progressDone := d.progress(runCtx, spec.name, rec)
+	probeDone := probe(runCtx, d.admin, rec)
 	var cut atomic.Int32 // long workers stopped by the run's end, not by the gate
 	// stop ends the run; no goroutine of the run outlives it, whatever the way out.
 	stop := sync.OnceFunc(func() {
@@ -138,6 +139,7 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 			st.wait()
 		}
 		<-progressDone
+		<-probeDone
 	})
 	defer stop()
 
@@ -307,6 +309,7 @@ func (d *demo) longWorker(ctx, hold context.Context, q querier, g *gate, idx int
 		// The transaction runs to completion whatever the gate says; only the run's end stops it.
 		var val string
 		err = tx.QueryRow(ctx, lockSQL, row).Scan(&val)
+		locked := time.Now()
 		if err == nil && sleepCtx(hold, holdFor) {
 			err = tx.Commit(ctx)
 		} else if err == nil {
@@ -322,7 +325,11 @@ func (d *demo) longWorker(ctx, hold context.Context, q querier, g *gate, idx int
 			rec.longFailed(classify(err), err)
 			continue
 		}
-		rec.longCommitted(time.Now())
+		var held time.Duration
+		if iter > 0 {
+			held = time.Since(locked)
+		}
+		rec.longCommitted(time.Now(), held)
 	}
 }
 
