@@ -76,7 +76,7 @@ func BenchmarkHotPathClientCPU(b *testing.B) {
 			return p.QueryRow(ctx, "select 1").Scan(&n)
 		}},
 		{"Exec", func(p benchPool) error {
-			return exec(ctx, p, "select 1")
+			return execOnce(ctx, p, "select 1")
 		}},
 		{"Tx1", func(p benchPool) error {
 			tx, err := p.Begin(ctx)
@@ -241,8 +241,8 @@ func openLanesWaiters(n int) func(testing.TB, string) benchPool {
 	}
 }
 
-// exec runs sql through the pool's Exec.
-func exec(ctx context.Context, p benchPool, sql string) error {
+// execOnce runs sql through the pool's Exec.
+func execOnce(ctx context.Context, p benchPool, sql string) error {
 	var err error
 	switch p := p.(type) {
 	case pgxpoolBench:

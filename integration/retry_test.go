@@ -527,7 +527,7 @@ func TestRetryJitterVersusFixed(t *testing.T) {
 	for _, m := range modes {
 		f := got[m.name]
 		t.Logf("%-10s: throughput %s transfers/s, p50 %s ms, p99 %s ms, attempts per transfer %.2f (median of %d [range])", m.name,
-			medianRange(f.tput), medianRange(f.p50), medianRange(f.p99), medianF(f.attempts), rounds)
+			medianRangeText(f.tput), medianRangeText(f.p50), medianRangeText(f.p99), medianF(f.attempts), rounds)
 		figure(t, "retry_"+m.name+"_tput", medianF(f.tput))
 		figure(t, "retry_"+m.name+"_p99_ms", medianF(f.p99))
 	}
@@ -547,7 +547,7 @@ func medianF(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-func medianRange(v []float64) string {
+func medianRangeText(v []float64) string {
 	return fmt.Sprintf("%.0f [%.0f–%.0f]", medianF(v), slices.Min(v), slices.Max(v))
 }
 
