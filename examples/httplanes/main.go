@@ -45,12 +45,7 @@ func (f fifo) acquire(ctx context.Context, _ bool) (func(), error) {
 }
 
 // lanes gives lookups a bounded lane with one reserved slot, and exports an unbounded one.
-type lanes struct{ p *reserve.Pool }
-
-const (
-	fastLane = 0
-	slowLane = 1
-)
+type lanes struct{ fast, slow reserve.Lane }
 
 func newLanes(size int) (lanes, error) {
 	p, err := reserve.New(reserve.Config{Size: size, Lanes: []reserve.LaneConfig{
@@ -59,19 +54,24 @@ func newLanes(size int) (lanes, error) {
 		// An export's is not: it never takes the fast lane's reserve.
 		{Name: "slow", AcquireTimeout: 30 * time.Second},
 	}})
-	return lanes{p}, err
+	if err != nil {
+		return lanes{}, err
+	}
+	fast, _ := p.Lane("fast")
+	slow, _ := p.Lane("slow")
+	return lanes{fast, slow}, nil
 }
 
 func (l lanes) acquire(ctx context.Context, slow bool) (func(), error) {
-	lane := fastLane
+	lane := l.fast
 	if slow {
-		lane = slowLane
+		lane = l.slow
 	}
-	s, err := l.p.Acquire(ctx, lane)
+	s, err := lane.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return func() { l.p.Release(s) }, nil
+	return s.Release, nil
 }
 
 func main() {

@@ -15,46 +15,47 @@ func Example() {
 		{Name: "short", Reserved: 1, Bounded: true},
 		{Name: "tx", Reserved: 2},
 	}}
-	const short, tx = 0, 1
 	p, err := reserve.New(cfg)
 	if err != nil {
 		panic(err)
 	}
+	short, _ := p.Lane("short")
+	tx, _ := p.Lane("tx")
 	ctx := context.Background()
-	fmt.Println("short can reach", cfg.Reachable(short), "slots, tx", cfg.Reachable(tx))
+	fmt.Println("short can reach", cfg.Reachable(short.Index()), "slots, tx", cfg.Reachable(tx.Index()))
 
 	// Short traffic spikes while tx is idle: short borrows tx's idle reserve.
 	var shorts []reserve.Slot
 	for range 4 {
-		s, _ := p.Acquire(ctx, short)
+		s, _ := short.Acquire(ctx)
 		shorts = append(shorts, s)
 	}
-	st := p.LaneStat(short)
+	st := short.Stat()
 	fmt.Println("short holds", st.InUse, "of 4, borrowed", st.Borrowed)
 	for _, s := range shorts {
-		p.Release(s)
+		s.Release()
 	}
 
 	// Transactions pile up: tx gets its reserve and the shared slot, never short's reserve.
 	var txs []reserve.Slot
 	for range 3 {
-		s, _ := p.Acquire(ctx, tx)
+		s, _ := tx.Acquire(ctx)
 		txs = append(txs, s)
 	}
-	_, ok := p.TryAcquire(tx)
+	_, ok := tx.TryAcquire()
 	fmt.Println("a fourth tx may take short's reserve:", ok)
 
-	s, err := p.Acquire(ctx, short)
+	s, err := short.Acquire(ctx)
 	fmt.Println("short still gets a slot:", err == nil, "without waiting:", !s.Waited())
-	p.Release(s)
+	s.Release()
 
 	// A tx caller that may not wait is refused with the lane's figures.
 	ctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = p.Acquire(ctx, tx)
+	_, err = tx.Acquire(ctx)
 	fmt.Println(errors.Is(err, context.Canceled), err)
 	for _, s := range txs {
-		p.Release(s)
+		s.Release()
 	}
 	// Output:
 	// short can reach 4 slots, tx 3

@@ -89,6 +89,7 @@ import (
 
 // Slot is a granted slot. Its zero value is not a slot.
 type Slot struct {
+	p     *Pool  // the pool that granted it
 	idx   int32  // index in Pool.slots
 	gen   uint32 // Pool.slots[idx].gen when granted; never 0
 	lane  int32
@@ -306,7 +307,7 @@ func (p *Pool) abandon(w *waiter, ready <-chan Slot, i int, since time.Time, rea
 // Release gives s back. Releasing a slot that is not held, or releasing it twice, panics.
 func (p *Pool) Release(s Slot) {
 	p.mu.Lock()
-	if s.gen == 0 || s.idx < 0 || int(s.idx) >= len(p.slots) {
+	if s.p != p || s.gen == 0 || s.idx < 0 || int(s.idx) >= len(p.slots) {
 		p.mu.Unlock()
 		panic("reserve: Release of a Slot that Acquire did not return")
 	}
@@ -373,7 +374,7 @@ func (p *Pool) takeLocked(i int) Slot {
 	}
 	st.held = true
 	st.lane = int32(i)
-	return Slot{idx: idx, gen: st.gen, lane: int32(i)}
+	return Slot{p: p, idx: idx, gen: st.gen, lane: int32(i)}
 }
 
 // releaseLocked frees s and hands free slots to eligible waiters. Caller must hold p.mu.
