@@ -89,6 +89,12 @@ type LaneConfig struct {
 	// same database have slots of their own. Off (the default): no fleet cap. Refused with
 	// TransactionPooler: the slots are session-level locks (docs/scale-out.md).
 	FleetMaxConns int
+	// FleetName is Long's alone (lane_long_fleet_name): the fleet whose cap FleetMaxConns is.
+	// Pools with the same name on the same server share the slots (give every replica of a service
+	// the same name, and each service its own). Default: "<database>/<user>", plus
+	// "/<application_name>" when the connection sets one. The slots' advisory-lock keys derive
+	// from it (docs/scale-out.md).
+	FleetName string
 	// Server aims the lane at another server, a read replica for reports, with its own connection
 	// settings (parse them with pgxpool.ParseConfig). It is Long's alone, and set in code only.
 	// The lane keeps its reserve, timeouts, budget, metrics and guard there: it gets a pgxpool of
@@ -270,6 +276,7 @@ var laneSettings = []struct {
 	i     func(*LaneConfig) *int
 	d     func(*LaneConfig) *time.Duration
 	a     func(*LaneConfig) *Action
+	s     func(*LaneConfig) *string
 }{
 	{name: "reserved", field: "Reserved", i: func(l *LaneConfig) *int { return &l.Reserved }},
 	{name: "max_conns", field: "MaxConns", i: func(l *LaneConfig) *int { return &l.MaxConns }},
@@ -281,6 +288,7 @@ var laneSettings = []struct {
 	{name: "over_budget", field: "OverBudget", a: func(l *LaneConfig) *Action { return &l.OverBudget }},
 	{name: "slow_threshold", field: "SlowThreshold", d: func(l *LaneConfig) *time.Duration { return &l.SlowThreshold }},
 	{name: "fleet_max_conns", field: "FleetMaxConns", i: func(l *LaneConfig) *int { return &l.FleetMaxConns }},
+	{name: "fleet_name", field: "FleetName", s: func(l *LaneConfig) *string { return &l.FleetName }},
 }
 
 // dsnName returns the DSN setting name of a LaneConfig field.
@@ -309,6 +317,11 @@ func (c *Config) setLaneParam(key, v string) error {
 			continue
 		}
 		switch {
+		case s.s != nil:
+			if v == "" {
+				return fmt.Errorf("pgxlanes: DSN parameter %s: empty (leave it out for the default)", key)
+			}
+			*s.s(lc) = v
 		case s.a != nil:
 			a, err := ParseAction(v)
 			if err != nil {

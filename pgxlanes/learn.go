@@ -20,7 +20,7 @@ func (p *Pool) overran(l *lease) {
 
 // learned tells the learner how long the lease's statement took.
 func (p *Pool) learned(l *lease, d time.Duration) {
-	p.changed(p.learn.Done(l.rt.key, d, l.overran.Load()), l.sql)
+	p.changed(p.learn.Done(l.rt.key, d, l.has(fOverran)), l.sql)
 }
 
 func (p *Pool) changed(c stmtstats.Change, sql string) {

@@ -111,7 +111,11 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	p.guard = txguard.New()
 	if n := cfg.Long.FleetMaxConns; n > 0 {
 		srv := p.lanes[Long].srv
-		p.fleet = newFleet(srv.term, srv.pool.Config().ConnConfig.Database, n)
+		name := cfg.Long.FleetName
+		if name == "" {
+			name = defaultFleetName(srv.pool.Config().ConnConfig)
+		}
+		p.fleet = newFleet(srv.term, name, n)
 	}
 	return p, nil
 }
@@ -141,6 +145,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.servers = append(p.servers, srv)
+	srv.term.warm() // before the pool's connections compete for the server's last slots
 	return nil
 }
 
@@ -252,6 +257,9 @@ func (p *Pool) Close() {
 		}
 		if p.guard != nil {
 			p.guard.Close()
+		}
+		if p.fleet != nil {
+			p.fleet.close()
 		}
 		for _, srv := range p.servers {
 			srv.holders.lookup.Wait()
