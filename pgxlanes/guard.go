@@ -106,6 +106,8 @@ func (l *lease) terminate(elapsed time.Duration) {
 	}
 	switch l.phase() {
 	case phActive, phCommitting:
+		// From here the owner's calls fail at once: they would reach a session being killed.
+		l.violation.Store(l.budgetError(ActionTerminate, elapsed, nil))
 		l.setLocked(phTerminating)
 	default:
 		l.mu.Unlock()
