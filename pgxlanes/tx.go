@@ -89,9 +89,15 @@ func (tx *leaseTx) Commit(ctx context.Context) error {
 func (tx *leaseTx) commitError(err error, terminated bool) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC" {
-		if pgErr.Code == "57014" && tx.l.w.Cause() != nil {
-			// The caller's context ended the COMMIT early (internal/wire): the caller returns at
-			// its deadline, and the server may have committed meanwhile.
+		if cause := tx.l.w.Cause(); pgErr.Code == "57014" && cause != nil {
+			// The COMMIT was ended early (internal/wire): by the caller's context, which returns
+			// the caller at its deadline; the server may have committed meanwhile.
+			var be *BudgetError
+			if errors.As(cause, &be) {
+				// Not the guard's doing (it never interrupts a COMMIT), but never a budget
+				// failure that invites a retry either.
+				return &commitUnknownError{err: fmt.Errorf("%s: %w", be.Error(), err)}
+			}
 			return &commitUnknownError{err: tx.l.fail(err)}
 		}
 		return tx.l.fail(err) // the server answered: it did not commit
