@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
@@ -509,6 +511,58 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("%d lock-holder lines, want 1 (rate-limited)", n)
+	}
+}
+
+// TestLockTimeoutNamesShortHolder: a lock held by one of the pool's own Short statements is named
+// as the Short lane's, and one held by another client as "not this pool".
+func TestLockTimeoutNamesShortHolder(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDB(t, 10)
+	for _, who := range []string{"short", "not this pool"} {
+		p, logs := newGuardedPool(t, dsn, "pool_max_conns=4&lane_tx_lock_timeout=100ms", nil)
+		var holder uint32
+		done := make(chan error, 1)
+		if who == "short" {
+			go func() {
+				_, err := p.Exec(ctx, "with u as (update items set v = v where id = 1 returning 1) select pg_sleep(1.5) from u")
+				done <- err
+			}()
+		} else {
+			other := adminConn(t, dsn)
+			tx, err := other.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, "update items set v = v where id = 1")
+			require.NoError(t, err)
+			holder = other.PgConn().PID()
+			go func() {
+				time.Sleep(1500 * time.Millisecond)
+				done <- tx.Rollback(ctx)
+			}()
+		}
+		time.Sleep(300 * time.Millisecond)
+		tx, err := p.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "update items set v = 0 where id = 1")
+		require.Equal(t, "55P03", sqlState(err), "%v", err)
+		_ = tx.Rollback(ctx)
+		var rec map[string]any
+		pgserver.Eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
+			for _, r := range logs.records(t) {
+				if r["msg"] == "pgxlanes: lock timeout; likely holders" {
+					rec = r
+					return true
+				}
+			}
+			return false
+		})
+		h, _ := rec["holder1"].(map[string]any)
+		require.NotNil(t, h, "%v", rec)
+		assert.Equal(t, who, h["lane"], "%v", rec)
+		if holder != 0 {
+			assert.EqualValues(t, holder, h["pid"])
+		}
+		require.NoError(t, <-done)
 	}
 }
 

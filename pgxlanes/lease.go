@@ -102,6 +102,8 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	l.acquired = time.Now()
 	if rt.lane != Short {
 		srv.holders.add(l) // after every field the lock-holder lookup reads is written
+	} else {
+		srv.holders.short.add(l.pid)
 	}
 	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action)}
 	if rt.learn {
@@ -232,6 +234,8 @@ func (l *lease) end(how endHow) *pgx.Conn {
 	srv := l.srv
 	if l.rt.lane != Short {
 		srv.holders.remove(l)
+	} else {
+		srv.holders.short.remove(l.pid)
 	}
 	srv.leased.Add(-1)
 	srv.lastUse.Store(l.acquired.UnixNano())

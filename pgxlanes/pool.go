@@ -145,6 +145,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.servers = append(p.servers, srv)
+	srv.holders.short.size(int(base.MaxConns))
 	srv.term.warm() // before the pool's connections compete for the server's last slots
 	return nil
 }
