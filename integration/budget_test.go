@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -329,6 +330,39 @@ func TestFlagOnly(t *testing.T) {
 		t.Fatalf("returned line %v", returned[0])
 	}
 	t.Logf("warning: %v", w)
+}
+
+// TestBudgetLogLinesSayWhatHappened: on a cancel or terminate lane, the half-budget warning says
+// that it is a warning and what the lane does at the budget, and a lease that was cancelled or
+// terminated is not logged as a flagged lease returned.
+func TestBudgetLogLinesSayWhatHappened(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDB(t, 1)
+	for _, action := range []string{"cancel", "terminate"} {
+		p, logs := newGuardedPool(t, dsn, "pool_max_conns=2&lane_tx_budget=200ms&lane_tx_over_budget="+action, nil)
+		tx, err := p.Begin(ctx)
+		require.NoError(t, err)
+		time.Sleep(300 * time.Millisecond)
+		_, err = tx.Exec(ctx, "select 1")
+		require.ErrorIs(t, err, pgxlanes.ErrBudgetExceeded)
+		require.NoError(t, tx.Rollback(ctx))
+		lanesIdle(t, p, "after the "+action)
+		var lines []string
+		pgserver.Eventually(t, 5*time.Second, "the "+action+" logged", func() bool {
+			lines = lines[:0]
+			done := false
+			for _, r := range logs.records(t) {
+				line := fmt.Sprintf("%v action=%v at_budget=%v", r["msg"], r["action"], r["at_budget"])
+				lines = append(lines, line)
+				done = done || r["msg"] == "pgxlanes: lease over budget"
+			}
+			return done
+		})
+		assert.Equal(t, []string{
+			"pgxlanes: lease past half its budget action=warn at_budget=" + action,
+			"pgxlanes: lease over budget action=" + action + " at_budget=<nil>",
+		}, lines, action)
+	}
 }
 
 // TestLeakedConnectionFlagged: a connection from Acquire never released is flagged as a leak with
