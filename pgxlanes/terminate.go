@@ -283,13 +283,6 @@ func (t *terminator) close() {
 	}
 }
 
-func deadlineOr(ctx context.Context, d time.Duration) time.Time {
-	if dl, ok := ctx.Deadline(); ok {
-		return dl
-	}
-	return time.Now().Add(d)
-}
-
 // parseSetting reads a time setting as current_setting shows it ("0", "500ms", "10s", "5min",
 // "1h", "1d"); 0 for anything else.
 func parseSetting(s string) time.Duration {
