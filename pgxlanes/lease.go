@@ -195,9 +195,7 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		cleaning.Add(-1)
 	}
 	if how != endHijack && how != endTerminated {
-		l.mu.Lock()
-		l.setLocked(phEnded)
-		l.mu.Unlock()
+		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
 	}
 	var hijacked *pgx.Conn
 	l.w.ClearInterrupt()

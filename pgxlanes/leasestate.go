@@ -3,7 +3,8 @@ package pgxlanes
 import "time"
 
 // The lease's life is one state word, lease.st: a phase in the low bits and two flags above. Every
-// change of phase is made under lease.mu by one of the functions below; the wrappers read the
+// change of phase is made under lease.mu by one of the functions below (but releasing -> ended,
+// which nothing else can race), every write is a compare-and-swap, and the wrappers read the
 // word without the lock (check). The transitions, and who makes them:
 //
 //	from          event                              to            what happens
@@ -62,19 +63,29 @@ func (l *lease) phase() leasePhase { return leasePhase(l.st.Load() & phaseMask) 
 // has reports whether flag f is set. It needs no lock.
 func (l *lease) has(f uint32) bool { return l.st.Load()&f != 0 }
 
-// setLocked moves the lease to phase p, keeping its flags. Caller must hold l.mu.
-func (l *lease) setLocked(p leasePhase) { l.st.Store(l.st.Load()&^phaseMask | uint32(p)) }
-
-// mark sets flag f and reports whether it was clear before.
-func (l *lease) mark(f uint32) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := l.st.Load()
-	if s&f != 0 {
-		return false
+// setLocked moves the lease to phase p, keeping its flags. Caller must hold l.mu, except for
+// releasing -> ended, which only the owner's path makes (end).
+func (l *lease) setLocked(p leasePhase) {
+	for {
+		s := l.st.Load()
+		if l.st.CompareAndSwap(s, s&^phaseMask|uint32(p)) {
+			return
+		}
 	}
-	l.st.Store(s | f)
-	return true
+}
+
+// mark sets flag f and reports whether it was clear before. It needs no lock: every write of
+// the word is a compare-and-swap.
+func (l *lease) mark(f uint32) bool {
+	for {
+		s := l.st.Load()
+		if s&f != 0 {
+			return false
+		}
+		if l.st.CompareAndSwap(s, s|f) {
+			return true
+		}
+	}
 }
 
 // released reports whether the owner released or hijacked the lease: its wrappers refuse calls.
