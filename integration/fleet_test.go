@@ -227,3 +227,40 @@ func TestFleetsOfDifferentNamesAreSeparate(t *testing.T) {
 	_, err = d2.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
 	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "the default name is shared by the pools of a service")
 }
+
+// TestFleetCapThroughServerRestart: a server restart ends every session, the fleet's and the
+// leases' alike. The replica whose Long lease was running (its owner has not released it yet)
+// admits no new Long call, retakes the lease's slot once the server is back, and so keeps the
+// other replica out until the lease is released.
+func TestFleetCapThroughServerRestart(t *testing.T) {
+	bg := context.Background()
+	srv := pgserver.NewLocal(t, pgserver.Options{})
+	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=300ms"
+	a, b := newLanes(t, srv.DSN(), params), newLanes(t, srv.DSN(), params)
+	warmLong(t, a)
+	warmLong(t, b)
+	held, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	t.Cleanup(held.Release)
+	ctx, cancel := context.WithTimeout(bg, time.Minute)
+	defer cancel()
+	_, err = srv.Restart(ctx, pgserver.StopFast)
+	require.NoError(t, err)
+	_, err = held.Exec(bg, "select 1")
+	require.Error(t, err, "the lease's session ended with the server")
+	admin := adminConn(t, srv.DSN())
+	pgserver.Eventually(t, 10*time.Second, "the running lease's slot retaken on the new sessions", func() bool {
+		return fleetLockHolders(t, admin) == 2
+	})
+	_, err = a.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "a's lease still counts against the cap")
+	require.ErrorContains(t, err, "fleet")
+	_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "b waits: 2 Long leases against a cap of 1 otherwise")
+	require.ErrorContains(t, err, "fleet slot")
+	held.Release()
+	pgserver.Eventually(t, 10*time.Second, "b admitted once a's lease ended", func() bool {
+		_, err := b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+		return err == nil
+	})
+}
