@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
@@ -130,6 +131,7 @@ func TestFleetCapHoldsWhenAFleetSessionDies(t *testing.T) {
 	dsn := newDB(t, 1)
 	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=250ms"
 	a := newLanes(t, dsn, params)
+	warmLong(t, a)
 	held, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
 	require.NoError(t, err)
 	t.Cleanup(held.Release) // before the pool's Close, which waits for it
@@ -140,6 +142,7 @@ func TestFleetCapHoldsWhenAFleetSessionDies(t *testing.T) {
 	b := newLanes(t, dsn, params)
 	_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
 	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "the fleet is full")
+	require.ErrorContains(t, err, "fleet slot")
 
 	killed := map[int32]bool{}
 	for round := range 4 {
@@ -148,6 +151,7 @@ func TestFleetCapHoldsWhenAFleetSessionDies(t *testing.T) {
 		for range 4 {
 			_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
 			require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "round %d (fleet session %d ended): 2 Long calls against a cap of 1", round, pid)
+			require.ErrorContains(t, err, "fleet slot")
 		}
 		pgserver.Eventually(t, 5*time.Second, "A retook the slot on a new session", func() bool { return fleetLockHolders(t, admin) == 2 })
 	}
@@ -171,10 +175,13 @@ func TestFleetCapHoldsWhenAFleetSessionDies(t *testing.T) {
 // running: here its one lease keeps the cap of 1 for itself, retaken on new sessions, and a
 // second Long call waits.
 func TestFleetEpochAfterBothSessionsLost(t *testing.T) {
+	ignore := goleak.IgnoreCurrent() // runs last: after the pools closed, their goroutines are gone
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	bg := context.Background()
 	dsn := newDB(t, 1)
 	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=300ms"
 	a := newLanes(t, dsn, params)
+	warmLong(t, a)
 	held, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
 	require.NoError(t, err)
 	t.Cleanup(held.Release)
@@ -189,6 +196,7 @@ func TestFleetEpochAfterBothSessionsLost(t *testing.T) {
 	for range 5 {
 		_, err = a.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
 		require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "the running lease still counts against the cap")
+		require.ErrorContains(t, err, "fleet")
 	}
 	pgserver.Eventually(t, 5*time.Second, "the running lease's slot retaken", func() bool { return fleetLockHolders(t, admin) == 2 })
 	held.Release()
@@ -233,6 +241,8 @@ func TestFleetsOfDifferentNamesAreSeparate(t *testing.T) {
 // admits no new Long call, retakes the lease's slot once the server is back, and so keeps the
 // other replica out until the lease is released.
 func TestFleetCapThroughServerRestart(t *testing.T) {
+	ignore := goleak.IgnoreCurrent() // runs last: after the pools closed, their goroutines are gone
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	bg := context.Background()
 	srv := pgserver.NewLocal(t, pgserver.Options{})
 	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=300ms"
