@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
 	"github.com/pgxlanes/pgxlanes/internal/txguard"
 )
 
@@ -23,7 +24,9 @@ func guardAction(a Action) txguard.Action {
 }
 
 // Act carries out the guard's decision about the lease; it implements txguard.Owner. It never
-// does network I/O while holding l.mu, so the owner's release never waits for it:
+// does network I/O while holding l.mu, so the owner's release never waits for it, and what it
+// reports (log lines, observers, OnViolation, the learner's changes) runs on the reporter's
+// goroutine (report.go), so that a slow handler delays no other lease's action:
 //   - Mark tells the learner that the statement is still running past the slow threshold.
 //   - Flag marks the lease and reports it.
 //   - Cancel interrupts the request in flight, if any (internal/wire: the owner's call returns at
@@ -35,7 +38,11 @@ func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 	switch a {
 	case txguard.Mark:
 		if !l.released() && l.mark(fOverran) {
-			l.p.overran(l)
+			// The learner counts it now, in order with the lease's end; what changed is reported
+			// off the guard's goroutine.
+			if c := l.p.learn.Overran(l.rt.key); c != stmtstats.None {
+				l.srv.term.report(func() { l.p.changed(c, l.sql) })
+			}
 		}
 		return
 	case txguard.Flag:
