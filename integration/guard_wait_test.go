@@ -199,3 +199,13 @@ func TestSlowOnViolationDelaysNoCancel(t *testing.T) {
 	t.Logf("the second lease's statement was cancelled after %v (budget 400ms)", fmtDur(took))
 	assert.Less(t, took, 1200*time.Millisecond, "the cancel waited for the slow handler")
 }
+
+// TestGuardOpensWithThePool: the guard session opens when the pool is created, before any of the
+// pool's own connections, so that a burst of them cannot take the server's last slots from it.
+func TestGuardOpensWithThePool(t *testing.T) {
+	dsn := newDB(t, 1)
+	admin := adminConn(t, dsn)
+	p, _ := newGuardedPool(t, dsn, "pool_max_conns=4", nil)
+	waitGuard(t, admin)
+	assert.Zero(t, p.Stat().TotalConns(), "the guard opened before the pool's first connection")
+}
