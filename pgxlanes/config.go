@@ -84,10 +84,10 @@ type LaneConfig struct {
 	// far below its 5s statement timeout. Off: no learning.
 	SlowThreshold time.Duration
 	// FleetMaxConns is Long's alone (lane_long_fleet_max_conns): how many Long calls may run at
-	// once across every pool that shares the database and this setting (all replicas of a
-	// service), coordinated with advisory locks in PostgreSQL. Pools with another value on the
-	// same database have slots of their own. Off (the default): no fleet cap. Refused with
-	// TransactionPooler: the slots are session-level locks (docs/scale-out.md).
+	// once across every pool of the same fleet (FleetName) on the server (all replicas of a
+	// service), coordinated with advisory locks in PostgreSQL held by two sessions of each pool.
+	// Off (the default): no fleet cap. Refused with TransactionPooler: the slots are
+	// session-level locks (docs/scale-out.md).
 	FleetMaxConns int
 	// FleetName is Long's alone (lane_long_fleet_name): the fleet whose cap FleetMaxConns is.
 	// Pools with the same name on the same server share the slots (give every replica of a service
