@@ -32,6 +32,7 @@ const Off = -1
 //	over_budget        cancel             cancel           flag
 //	slow_threshold     1s (learning)      -                -
 //	fleet_max_conns    -                  -                off
+//	fleet_name         -                  -                <database>/<user>[/<application_name>]
 //
 // An unbounded lane (Tx, Long) can reach at most its reserve plus the shared connections (N minus
 // every reserve); that is its default cap, and a larger MaxConns is refused.
@@ -176,7 +177,7 @@ func (c *Config) Copy() *Config {
 //
 //   - lane_<short|tx|long>_<setting>, the LaneConfig fields: reserved, max_conns, max_waiters,
 //     acquire_timeout, statement_timeout, lock_timeout, budget, over_budget, slow_threshold,
-//     fleet_max_conns. Durations need a unit ("250ms", "1s"); 0 means off.
+//     fleet_max_conns, fleet_name. Durations need a unit ("250ms", "1s"); 0 means off.
 //   - pgxlanes_transaction_pooler and pgxlanes_cancel_requests (true or false).
 //
 // Lane settings not given stay zero, which NewWithConfig resolves to the lane's default. Errors
