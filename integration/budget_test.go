@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
@@ -329,6 +332,39 @@ func TestFlagOnly(t *testing.T) {
 	t.Logf("warning: %v", w)
 }
 
+// TestBudgetLogLinesSayWhatHappened: on a cancel or terminate lane, the half-budget warning says
+// that it is a warning and what the lane does at the budget, and a lease that was cancelled or
+// terminated is not logged as a flagged lease returned.
+func TestBudgetLogLinesSayWhatHappened(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDB(t, 1)
+	for _, action := range []string{"cancel", "terminate"} {
+		p, logs := newGuardedPool(t, dsn, "pool_max_conns=2&lane_tx_budget=200ms&lane_tx_over_budget="+action, nil)
+		tx, err := p.Begin(ctx)
+		require.NoError(t, err)
+		time.Sleep(300 * time.Millisecond)
+		_, err = tx.Exec(ctx, "select 1")
+		require.ErrorIs(t, err, pgxlanes.ErrBudgetExceeded)
+		require.NoError(t, tx.Rollback(ctx))
+		lanesIdle(t, p, "after the "+action)
+		var lines []string
+		pgserver.Eventually(t, 5*time.Second, "the "+action+" logged", func() bool {
+			lines = lines[:0]
+			done := false
+			for _, r := range logs.records(t) {
+				line := fmt.Sprintf("%v action=%v at_budget=%v", r["msg"], r["action"], r["at_budget"])
+				lines = append(lines, line)
+				done = done || r["msg"] == "pgxlanes: lease over budget"
+			}
+			return done
+		})
+		assert.Equal(t, []string{
+			"pgxlanes: lease past half its budget action=warn at_budget=" + action,
+			"pgxlanes: lease over budget action=" + action + " at_budget=<nil>",
+		}, lines, action)
+	}
+}
+
 // TestLeakedConnectionFlagged: a connection from Acquire never released is flagged as a leak with
 // the call site that acquired it.
 func TestLeakedConnectionFlagged(t *testing.T) {
@@ -394,9 +430,16 @@ func TestTerminateWhenEveryLaneIsFull(t *testing.T) {
 	}
 	t.Logf("a new transaction got a connection after %s (budget 800ms)", time.Since(start).Round(time.Millisecond))
 	_ = tx.Rollback(ctx)
-	for _, tx := range txs {
-		if _, err := tx.Exec(ctx, "select 1"); !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
-			t.Fatalf("terminated transaction: %v", err)
+	for i, tx := range txs {
+		// The second transaction began a little after the first: its budget may be due a moment
+		// after the new transaction got the first one's connection.
+		var err error
+		pgserver.Eventually(t, 5*time.Second, "transaction terminated", func() bool {
+			_, err = tx.Exec(ctx, "select 1")
+			return err != nil
+		})
+		if !errors.Is(err, pgxlanes.ErrBudgetExceeded) {
+			t.Fatalf("terminated transaction %d: %v", i, err)
 		}
 		_ = tx.Rollback(ctx)
 	}
@@ -502,6 +545,58 @@ func TestLockTimeoutNamesHolder(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("%d lock-holder lines, want 1 (rate-limited)", n)
+	}
+}
+
+// TestLockTimeoutNamesShortHolder: a lock held by one of the pool's own Short statements is named
+// as the Short lane's, and one held by another client as "not this pool".
+func TestLockTimeoutNamesShortHolder(t *testing.T) {
+	ctx := context.Background()
+	dsn := newDB(t, 10)
+	for _, who := range []string{"short", "not this pool"} {
+		p, logs := newGuardedPool(t, dsn, "pool_max_conns=4&lane_tx_lock_timeout=100ms", nil)
+		var holder uint32
+		done := make(chan error, 1)
+		if who == "short" {
+			go func() {
+				_, err := p.Exec(ctx, "with u as (update items set v = v where id = 1 returning 1) select pg_sleep(1.5) from u")
+				done <- err
+			}()
+		} else {
+			other := adminConn(t, dsn)
+			tx, err := other.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, "update items set v = v where id = 1")
+			require.NoError(t, err)
+			holder = other.PgConn().PID()
+			go func() {
+				time.Sleep(1500 * time.Millisecond)
+				done <- tx.Rollback(ctx)
+			}()
+		}
+		time.Sleep(300 * time.Millisecond)
+		tx, err := p.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "update items set v = 0 where id = 1")
+		require.Equal(t, "55P03", sqlState(err), "%v", err)
+		_ = tx.Rollback(ctx)
+		var rec map[string]any
+		pgserver.Eventually(t, 5*time.Second, "a lock-holder log line", func() bool {
+			for _, r := range logs.records(t) {
+				if r["msg"] == "pgxlanes: lock timeout; likely holders" {
+					rec = r
+					return true
+				}
+			}
+			return false
+		})
+		h, _ := rec["holder1"].(map[string]any)
+		require.NotNil(t, h, "%v", rec)
+		assert.Equal(t, who, h["lane"], "%v", rec)
+		if holder != 0 {
+			assert.EqualValues(t, holder, h["pid"])
+		}
+		require.NoError(t, <-done)
 	}
 }
 

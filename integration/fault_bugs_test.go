@@ -238,9 +238,9 @@ func TestFaultAcquireTimeoutWhilePinging(t *testing.T) {
 	lanesIdle(t, p, "after the thaw")
 }
 
-// TestFaultGuardOpensEagerly pins bug 4: the guard session opens when the pool's first
-// connection does, not at the first terminate, so a server that later reaches max_connections
-// cannot refuse it and the terminate works.
+// TestFaultGuardOpensEagerly pins bug 4: the guard session opens with the pool (it used to at the
+// first terminate; TestGuardOpensWithThePool shows it opens before the pool's first connection),
+// so a server that later reaches max_connections cannot refuse it and the terminate works.
 func TestFaultGuardOpensEagerly(t *testing.T) {
 	srv := pgserver.NewLocal(t, pgserver.Options{MaxConnections: 6})
 	createFaultTable(t, srv.DSN())
@@ -254,7 +254,7 @@ func TestFaultGuardOpensEagerly(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	// Not fatal: the terminate below shows what a lazy guard costs.
-	assert.Len(t, guardPIDs(t, admin), 1, "the guard session opens with the pool's first connection")
+	assert.Len(t, guardPIDs(t, admin), 1, "the guard session opens with the pool")
 	// Take every connection the server has left.
 	fillers := 0
 	for ; fillers < 10; fillers++ {

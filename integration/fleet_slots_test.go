@@ -13,7 +13,7 @@ import (
 )
 
 // TestFleetSlotNotLeakedByTries: while a pool's lease holds a fleet slot, the pool's other Long
-// callers keep trying for one on the same guard session, where advisory locks are re-entrant.
+// callers keep trying for one on the same fleet session, where advisory locks are re-entrant.
 // A try must never lock a slot the pool already holds: if it did, the slot's lock count would
 // stay above zero after the lease gives it back, and the fleet would lose the slot for good.
 // PostgreSQL runs the try with a generic plan after five executions, which may evaluate

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
@@ -86,64 +88,189 @@ func TestFleetCapOnLong(t *testing.T) {
 	})
 }
 
-// TestFleetSlotsOfACrashedReplicaFree: a replica whose guard session ends (it crashed, or the
-// network dropped it) loses its fleet slots with it, and the other replica takes them.
-func TestFleetSlotsOfACrashedReplicaFree(t *testing.T) {
+// killFleetSide terminates one of pool p's fleet sessions from outside, as a firewall or an
+// administrator would, and returns its PID. sides lists the fleet sessions before: the one with
+// the lowest PID not yet in killed is ended.
+func killFleetSide(t *testing.T, admin *pgx.Conn, killed map[int32]bool) int32 {
+	t.Helper()
+	bg := context.Background()
+	rows, err := admin.Query(bg, `select pid from pg_stat_activity where application_name = 'pgxlanes fleet'
+		and datname = current_database() order by pid`)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	for _, pid := range pids {
+		if !killed[pid] {
+			killed[pid] = true
+			var ok bool
+			require.NoError(t, admin.QueryRow(bg, "select pg_terminate_backend($1, 5000)", pid).Scan(&ok))
+			require.True(t, ok)
+			return pid
+		}
+	}
+	t.Fatalf("no fleet session left to end (sessions %v, ended %v)", pids, killed)
+	return 0
+}
+
+// fleetLockHolders counts the sessions holding an advisory lock of the fleet named name, slot.
+func fleetLockHolders(t *testing.T, admin *pgx.Conn) int {
+	t.Helper()
+	var n int
+	require.NoError(t, admin.QueryRow(context.Background(), `select count(*) from pg_locks
+		where locktype = 'advisory' and granted and database = (select oid from pg_database where datname = current_database())`).Scan(&n))
+	return n
+}
+
+// TestFleetCapHoldsWhenAFleetSessionDies: two replicas, a fleet cap of 1. A holds a Long lease;
+// B's Long calls time out waiting for the fleet's slot. Then A's fleet sessions are ended from
+// outside, one after the other, each after A has repaired the previous loss: the server frees
+// that session's locks, and still B never gets the slot while A's lease runs. Once A's lease
+// ends, B gets it.
+func TestFleetCapHoldsWhenAFleetSessionDies(t *testing.T) {
 	bg := context.Background()
 	dsn := newDB(t, 1)
-	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=2&lane_long_acquire_timeout=5s"
-	a, b := newLanes(t, dsn, params), newLanes(t, dsn, params)
-	held := make([]*pgxlanes.Conn, 0, 2)
-	for range 2 {
-		c, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
-		require.NoError(t, err)
-		t.Cleanup(c.Release) // before the pool's Close, which waits for it
-		held = append(held, c)
-	}
-	// The fleet is full: b waits.
-	ctx, cancel := context.WithTimeout(bg, 300*time.Millisecond)
-	_, err := b.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select 1")
-	cancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
-	// a's guard session dies (a crash would end it the same way): its slots are the server's again.
+	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=250ms"
+	a := newLanes(t, dsn, params)
+	warmLong(t, a)
+	held, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	t.Cleanup(held.Release) // before the pool's Close, which waits for it
 	admin, err := pgx.Connect(bg, dsn)
 	require.NoError(t, err)
 	defer admin.Close(bg)
-	var killed int
-	require.NoError(t, admin.QueryRow(bg, `select count(pg_terminate_backend(pid)) from pg_stat_activity
-		where application_name = 'pgxlanes guard' and datname = current_database()
-		and pid in (select pid from pg_locks where locktype = 'advisory' and granted)`).Scan(&killed))
-	require.Equal(t, 1, killed)
-	start := time.Now()
+	pgserver.Eventually(t, 5*time.Second, "A's slot held on both its fleet sessions", func() bool { return fleetLockHolders(t, admin) == 2 })
+	b := newLanes(t, dsn, params)
 	_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
-	require.NoError(t, err)
-	t.Logf("b got a fleet slot %v after a's guard session ended", fmtDur(time.Since(start)))
-	for _, c := range held {
-		c.Release()
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "the fleet is full")
+	require.ErrorContains(t, err, "fleet slot")
+
+	killed := map[int32]bool{}
+	for round := range 4 {
+		pid := killFleetSide(t, admin, killed)
+		// B tries for a second while A has one session left, and then while A repairs.
+		for range 4 {
+			_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+			require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "round %d (fleet session %d ended): 2 Long calls against a cap of 1", round, pid)
+			require.ErrorContains(t, err, "fleet slot")
+		}
+		pgserver.Eventually(t, 5*time.Second, "A retook the slot on a new session", func() bool { return fleetLockHolders(t, admin) == 2 })
 	}
+	_, err = held.Exec(bg, "select 1")
+	require.NoError(t, err, "A's lease ran on throughout")
+	held.Release()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(bg, 5*time.Second)
+	defer cancel()
+	_, err = b.Exec(pgxlanes.WithLane(pgxlanes.WithBudget(ctx, 0), pgxlanes.Long), "select 1")
+	if errors.Is(err, pgxlanes.ErrAcquireTimeout) { // the give-back is in the background
+		_, err = b.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select 1")
+	}
+	require.NoError(t, err)
+	t.Logf("B got the fleet's slot %v after A's lease ended", fmtDur(time.Since(start)))
 }
 
-// TestFleetsOfDifferentCapsAreSeparate: the fleet is every pool that shares the database and the
-// cap. A service capped at 1 that holds its slot does not take a slot of a service capped at 2
-// on the same database.
-func TestFleetsOfDifferentCapsAreSeparate(t *testing.T) {
+// TestFleetEpochAfterBothSessionsLost: when a replica loses both fleet sessions at once (what a
+// server restart does, though a restart also ends the leases), the server holds none of its
+// slots. It then admits no new Long call until it holds a slot again for every lease still
+// running: here its one lease keeps the cap of 1 for itself, retaken on new sessions, and a
+// second Long call waits.
+func TestFleetEpochAfterBothSessionsLost(t *testing.T) {
+	ignore := goleak.IgnoreCurrent() // runs last: after the pools closed, their goroutines are gone
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	bg := context.Background()
 	dsn := newDB(t, 1)
-	const base = "pool_max_conns=6&lane_long_max_conns=3&lane_long_reserved=3&lane_long_acquire_timeout=1s"
-	one := newLanes(t, dsn, base+"&lane_long_fleet_max_conns=1")
-	two := newLanes(t, dsn, base+"&lane_long_fleet_max_conns=2")
-	c, err := one.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=300ms"
+	a := newLanes(t, dsn, params)
+	warmLong(t, a)
+	held, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	t.Cleanup(held.Release)
+	admin, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer admin.Close(bg)
+	pgserver.Eventually(t, 5*time.Second, "the slot held on both fleet sessions", func() bool { return fleetLockHolders(t, admin) == 2 })
+	var n int
+	require.NoError(t, admin.QueryRow(bg, `select count(pg_terminate_backend(pid, 5000)) from pg_stat_activity
+		where application_name = 'pgxlanes fleet' and datname = current_database()`).Scan(&n))
+	require.Equal(t, 2, n)
+	for range 5 {
+		_, err = a.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+		require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "the running lease still counts against the cap")
+		require.ErrorContains(t, err, "fleet")
+	}
+	pgserver.Eventually(t, 5*time.Second, "the running lease's slot retaken", func() bool { return fleetLockHolders(t, admin) == 2 })
+	held.Release()
+	pgserver.Eventually(t, 5*time.Second, "a Long call admitted once the lease ended", func() bool {
+		_, err := a.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+		return err == nil
+	})
+}
+
+// TestFleetsOfDifferentNamesAreSeparate: the fleet is every pool with the same fleet name on the
+// server (lane_long_fleet_name; by default the database and user). A service that holds its slot
+// does not take a slot of another service; two pools with the default name share theirs.
+func TestFleetsOfDifferentNamesAreSeparate(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	const base = "pool_max_conns=6&lane_long_max_conns=3&lane_long_reserved=3&lane_long_acquire_timeout=1s&lane_long_fleet_max_conns=1"
+	orders := newLanes(t, dsn, base+"&lane_long_fleet_name=orders")
+	billing := newLanes(t, dsn, base+"&lane_long_fleet_name=billing")
+	c, err := orders.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
 	require.NoError(t, err)
 	t.Cleanup(c.Release)
-	for range 2 {
-		c, err := two.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
-		require.NoError(t, err, "the other service's slot is not this fleet's")
-		t.Cleanup(c.Release)
-	}
-	require.Equal(t, 2, two.Stat().Lane(pgxlanes.Long).FleetHeld)
-	// Its own fleet is full: a third Long call of the 2-capped service waits for a fleet slot,
-	// though its lane has room, then times out.
-	_, err = two.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	c2, err := billing.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err, "the other service's slot is not this fleet's")
+	t.Cleanup(c2.Release)
+	require.Equal(t, 1, billing.Stat().Lane(pgxlanes.Long).FleetHeld)
+	// Its own fleet is full: a second Long call of billing waits for a fleet slot, though its
+	// lane has room, then times out.
+	_, err = billing.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
 	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout)
 	require.ErrorContains(t, err, "fleet slot")
+	// Two pools with the default name are one fleet.
+	d1, d2 := newLanes(t, dsn, base), newLanes(t, dsn, base)
+	c3, err := d1.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	t.Cleanup(c3.Release)
+	_, err = d2.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "the default name is shared by the pools of a service")
+}
+
+// TestFleetCapThroughServerRestart: a server restart ends every session, the fleet's and the
+// leases' alike. The replica whose Long lease was running (its owner has not released it yet)
+// admits no new Long call, retakes the lease's slot once the server is back, and so keeps the
+// other replica out until the lease is released.
+func TestFleetCapThroughServerRestart(t *testing.T) {
+	ignore := goleak.IgnoreCurrent() // runs last: after the pools closed, their goroutines are gone
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	bg := context.Background()
+	srv := pgserver.NewLocal(t, pgserver.Options{})
+	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=300ms"
+	a, b := newLanes(t, srv.DSN(), params), newLanes(t, srv.DSN(), params)
+	warmLong(t, a)
+	warmLong(t, b)
+	held, err := a.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	t.Cleanup(held.Release)
+	ctx, cancel := context.WithTimeout(bg, time.Minute)
+	defer cancel()
+	_, err = srv.Restart(ctx, pgserver.StopFast)
+	require.NoError(t, err)
+	_, err = held.Exec(bg, "select 1")
+	require.Error(t, err, "the lease's session ended with the server")
+	admin := adminConn(t, srv.DSN())
+	pgserver.Eventually(t, 10*time.Second, "the running lease's slot retaken on the new sessions", func() bool {
+		return fleetLockHolders(t, admin) == 2
+	})
+	_, err = a.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "a's lease still counts against the cap")
+	require.ErrorContains(t, err, "fleet")
+	_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.ErrorIs(t, err, pgxlanes.ErrAcquireTimeout, "b waits: 2 Long leases against a cap of 1 otherwise")
+	require.ErrorContains(t, err, "fleet slot")
+	held.Release()
+	pgserver.Eventually(t, 10*time.Second, "b admitted once a's lease ended", func() bool {
+		_, err := b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+		return err == nil
+	})
 }

@@ -256,10 +256,9 @@ func TestPgBouncerSessionModeStartupParameters(t *testing.T) {
 }
 
 // TestPgBouncerSessionModeFleetCap: the fleet cap on Long (advisory locks held by each pool's
-// guard session) works through PgBouncer in session mode, which pins the guard's server session;
-// transaction mode refuses it (TestPgBouncerTimeouts). When a replica's guard session ends, its
-// slots go with it while its Long leases go on: the other replica takes them, and the fleet runs
-// over its cap until those leases end (docs/scale-out.md).
+// two fleet sessions) works through PgBouncer in session mode, which pins their server sessions;
+// transaction mode refuses it (TestPgBouncerTimeouts). When one of a replica's fleet sessions ends,
+// the other still holds its slots: the other replica still waits (docs/scale-out.md).
 func TestPgBouncerSessionModeFleetCap(t *testing.T) {
 	bg := context.Background()
 	dsn := newDB(t, 1)
@@ -276,24 +275,23 @@ func TestPgBouncerSessionModeFleetCap(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the fleet cap holds through PgBouncer")
 
-	// a's guard session ends on the server (a network drop, a failover, an idle timeout).
+	// One of a's fleet sessions ends on the server (a network drop, an idle timeout).
 	admin, err := pgx.Connect(bg, dsn)
 	require.NoError(t, err)
 	defer admin.Close(bg)
 	var killed int
-	require.NoError(t, admin.QueryRow(bg, `select count(pg_terminate_backend(pid)) from pg_stat_activity
-		where application_name = 'pgxlanes guard' and datname = current_database()
-		and pid in (select pid from pg_locks where locktype = 'advisory' and granted)`).Scan(&killed))
+	require.NoError(t, admin.QueryRow(bg, `select count(pg_terminate_backend(pid)) from (select pid from pg_stat_activity
+		where application_name = 'pgxlanes fleet' and datname = current_database()
+		and pid in (select pid from pg_locks where locktype = 'advisory' and granted) order by pid limit 1) s`).Scan(&killed))
 	require.Equal(t, 1, killed)
-	// The other replica now gets the slot while a's lease is still running: two Long calls
-	// against a fleet cap of 1, until a's lease ends.
-	require.NoError(t, other.AcquireFunc(pgxlanes.WithLane(bg, pgxlanes.Long), func(c *pgxlanes.Conn) error {
-		_, err := held.Exec(bg, "select 1")
-		assert.NoError(t, err, "a's lease goes on")
-		assert.Equal(t, 1, a.Stat().Lane(pgxlanes.Long).FleetHeld, "a still counts its slot")
-		assert.Equal(t, 1, other.Stat().Lane(pgxlanes.Long).FleetHeld)
-		return nil
-	}))
+	// a's other fleet session still holds the slot: the other replica still waits.
+	ctx, cancel = context.WithTimeout(bg, 500*time.Millisecond)
+	_, err = other.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select 1")
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the fleet cap holds after a fleet session ended")
+	_, err = held.Exec(bg, "select 1")
+	assert.NoError(t, err, "a's lease goes on")
+	assert.Equal(t, 1, a.Stat().Lane(pgxlanes.Long).FleetHeld, "a still holds its slot")
 	held.Release()
 	b.requireAlive(t, "after the guard session ended")
 }

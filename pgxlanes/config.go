@@ -34,6 +34,7 @@ const Off = -1
 //	fleet_max_conns    -                  -                off
 //	priority_age       acquire_timeout/2 (500ms, 5s, 15s)
 //	max_tag_share      -                  off              -
+//	fleet_name         -                  -                <database>/<user>[/<application_name>]
 //
 // An unbounded lane (Tx, Long) can reach at most its reserve plus the shared connections (N minus
 // every reserve); that is its default cap, and a larger MaxConns is refused.
@@ -86,10 +87,10 @@ type LaneConfig struct {
 	// far below its 5s statement timeout. Off: no learning.
 	SlowThreshold time.Duration
 	// FleetMaxConns is Long's alone (lane_long_fleet_max_conns): how many Long calls may run at
-	// once across every pool that shares the database and this setting (all replicas of a
-	// service), coordinated with advisory locks in PostgreSQL. Pools with another value on the
-	// same database have slots of their own. Off (the default): no fleet cap. Refused with
-	// TransactionPooler: the slots are session-level locks (docs/scale-out.md).
+	// once across every pool of the same fleet (FleetName) on the server (all replicas of a
+	// service), coordinated with advisory locks in PostgreSQL held by two sessions of each pool.
+	// Off (the default): no fleet cap. Refused with TransactionPooler: the slots are
+	// session-level locks (docs/scale-out.md).
 	FleetMaxConns int
 	// PriorityAge is how long a caller may be overtaken by callers of higher priority
 	// (WithPriority) in the lane's queue (lane_<lane>_priority_age): once it has waited this
@@ -106,6 +107,12 @@ type LaneConfig struct {
 	// share is only logged and counted (LaneStat.TagShareRefusals), never applied.
 	MaxTagShare    float64
 	TagShareDryRun bool
+	// FleetName is Long's alone (lane_long_fleet_name): the fleet whose cap FleetMaxConns is.
+	// Pools with the same name on the same server share the slots (give every replica of a service
+	// the same name, and each service its own). Default: "<database>/<user>", plus
+	// "/<application_name>" when the connection sets one. The slots' advisory-lock keys derive
+	// from it (docs/scale-out.md).
+	FleetName string
 	// Server aims the lane at another server, a read replica for reports, with its own connection
 	// settings (parse them with pgxpool.ParseConfig). It is Long's alone, and set in code only.
 	// The lane keeps its reserve, timeouts, budget, metrics and guard there: it gets a pgxpool of
@@ -187,8 +194,8 @@ func (c *Config) Copy() *Config {
 //
 //   - lane_<short|tx|long>_<setting>, the LaneConfig fields: reserved, max_conns, max_waiters,
 //     acquire_timeout, statement_timeout, lock_timeout, budget, over_budget, slow_threshold,
-//     fleet_max_conns, priority_age, max_tag_share (a fraction), tag_share_dry_run (true or
-//     false). Durations need a unit ("250ms", "1s"); 0 means off.
+//     fleet_max_conns, fleet_name, priority_age, max_tag_share (a fraction), tag_share_dry_run
+//     (true or false). Durations need a unit ("250ms", "1s"); 0 means off.
 //   - pgxlanes_transaction_pooler and pgxlanes_cancel_requests (true or false).
 //
 // Lane settings not given stay zero, which NewWithConfig resolves to the lane's default. Errors
@@ -289,6 +296,7 @@ var laneSettings = []struct {
 	d     func(*LaneConfig) *time.Duration
 	a     func(*LaneConfig) *Action
 	set   func(lc *LaneConfig, key, setting, v string) error // a setting of its own kind
+	s     func(*LaneConfig) *string
 }{
 	{name: "reserved", field: "Reserved", i: func(l *LaneConfig) *int { return &l.Reserved }},
 	{name: "max_conns", field: "MaxConns", i: func(l *LaneConfig) *int { return &l.MaxConns }},
@@ -303,6 +311,7 @@ var laneSettings = []struct {
 	{name: "priority_age", field: "PriorityAge", d: func(l *LaneConfig) *time.Duration { return &l.PriorityAge }},
 	{name: "max_tag_share", field: "MaxTagShare", set: setShareParam},
 	{name: "tag_share_dry_run", field: "TagShareDryRun", set: setShareParam},
+	{name: "fleet_name", field: "FleetName", s: func(l *LaneConfig) *string { return &l.FleetName }},
 }
 
 // dsnName returns the DSN setting name of a LaneConfig field.
@@ -333,6 +342,11 @@ func (c *Config) setLaneParam(key, v string) error {
 		switch {
 		case s.set != nil:
 			return s.set(lc, key, setting, v)
+		case s.s != nil:
+			if v == "" {
+				return fmt.Errorf("pgxlanes: DSN parameter %s: empty (leave it out for the default)", key)
+			}
+			*s.s(lc) = v
 		case s.a != nil:
 			a, err := ParseAction(v)
 			if err != nil {

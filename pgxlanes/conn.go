@@ -29,11 +29,7 @@ func (c *Conn) Hijack() *pgx.Conn { return c.l.hijack() }
 func (c *Conn) Lane() Lane { return c.l.rt.lane }
 
 func (c *Conn) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	if err := c.l.check(); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	ct, err := c.l.conn.Exec(ctx, sql, arguments...)
-	return ct, c.l.fail(err)
+	return run(c.l, c.l.check(), func() (pgconn.CommandTag, error) { return c.l.conn.Exec(ctx, sql, arguments...) })
 }
 
 func (c *Conn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -58,11 +54,7 @@ func (c *Conn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 }
 
 func (c *Conn) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	if err := c.l.check(); err != nil {
-		return 0, err
-	}
-	n, err := c.l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
-	return n, c.l.fail(err)
+	return run(c.l, c.l.check(), func() (int64, error) { return c.l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc) })
 }
 
 // Begin starts a transaction on the held connection, under the lane's timeouts. Ending the
@@ -74,27 +66,22 @@ func (c *Conn) Begin(ctx context.Context) (pgx.Tx, error) {
 // BeginTx is Begin with options. The transaction's calls fail with a *BudgetError once the guard
 // acted on the connection, as the connection's own calls do.
 func (c *Conn) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error) {
-	if err := c.l.check(); err != nil {
-		return nil, err
-	}
-	t, err := c.l.conn.BeginTx(ctx, txOptions)
+	t, err := run(c.l, c.l.check(), func() (pgx.Tx, error) { return c.l.conn.BeginTx(ctx, txOptions) })
 	if err != nil {
-		return nil, c.l.fail(err)
+		return nil, err
 	}
 	return &leaseTx{t: t, l: c.l}, nil
 }
 
 func (c *Conn) Ping(ctx context.Context) error {
-	if err := c.l.check(); err != nil {
-		return err
-	}
-	return c.l.fail(c.l.conn.Ping(ctx))
+	_, err := run(c.l, c.l.check(), func() (struct{}, error) { return struct{}{}, c.l.conn.Ping(ctx) })
+	return err
 }
 
 // Conn returns the underlying *pgx.Conn. It stays owned by the pool. It panics after Release,
 // when the connection may serve another caller.
 func (c *Conn) Conn() *pgx.Conn {
-	if c.l.released.Load() {
+	if c.l.released() {
 		panic("pgxlanes: Conn.Conn called after Release or Hijack")
 	}
 	return c.l.conn

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
 	"github.com/pgxlanes/pgxlanes/internal/txguard"
 )
 
@@ -23,7 +24,9 @@ func guardAction(a Action) txguard.Action {
 }
 
 // Act carries out the guard's decision about the lease; it implements txguard.Owner. It never
-// does network I/O while holding l.mu, so the owner's release never waits for it:
+// does network I/O while holding l.mu, so the owner's release never waits for it, and what it
+// reports (log lines, observers, OnViolation, the learner's changes) runs on the reporter's
+// goroutine (report.go), so that a slow handler delays no other lease's action:
 //   - Mark tells the learner that the statement is still running past the slow threshold.
 //   - Flag marks the lease and reports it.
 //   - Cancel interrupts the request in flight, if any (internal/wire: the owner's call returns at
@@ -34,16 +37,23 @@ func guardAction(a Action) txguard.Action {
 func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 	switch a {
 	case txguard.Mark:
-		if !l.released.Load() && l.overran.CompareAndSwap(false, true) {
-			l.p.overran(l)
+		if !l.released() && l.mark(fOverran) {
+			// The learner counts it now, in order with the lease's end; what changed is reported
+			// off the guard's goroutine.
+			if c := l.p.learn.Overran(l.rt.key); c != stmtstats.None {
+				l.srv.term.report(func() { l.p.changed(c, l.sql) })
+			}
 		}
 		return
 	case txguard.Flag:
-		if l.released.Load() {
+		if l.released() {
 			return
 		}
-		l.flagged.Store(true)
-		l.p.violated(l.violationOf(ActionFlag, elapsed, nil))
+		v := l.violationOf(ActionFlag, elapsed, nil)
+		if !v.Warning {
+			l.mark(fFlagged) // over budget on a flag lane; a warning flags nothing
+		}
+		l.srv.term.report(func() { l.p.violated(v) })
 		return
 	case txguard.Cancel:
 		l.cancel(elapsed)
@@ -59,33 +69,57 @@ func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 }
 
 // cancel marks the lease as over its budget and interrupts its request in flight. Interrupt does
-// no I/O, so it runs under l.mu: the connection cannot have been handed to someone else.
+// no I/O, so it runs under l.mu: the connection cannot have been handed to someone else. A
+// COMMIT in flight is not interrupted: the violation is recorded and reported, and the COMMIT's
+// own outcome is what the owner gets.
 func (l *lease) cancel(elapsed time.Duration) {
 	l.mu.Lock()
-	if l.state != leaseActive {
+	switch l.phase() {
+	case phActive:
+		be := l.budgetError(ActionCancel, elapsed, nil)
+		l.violation.Store(be)
+		l.w.Interrupt(be)
+	case phCommitting:
+		l.violation.CompareAndSwap(nil, l.budgetError(ActionCancel, elapsed, nil))
+	default:
 		l.mu.Unlock()
 		return
 	}
-	be := l.budgetError(ActionCancel, elapsed, nil)
-	l.violation.Store(be)
-	l.w.Interrupt(be)
 	l.mu.Unlock()
-	l.p.violated(l.violationOf(ActionCancel, elapsed, nil))
+	v := l.violationOf(ActionCancel, elapsed, nil)
+	l.srv.term.report(func() { l.p.violated(v) })
 }
 
-// terminate ends the lease's session. It marks the lease under l.mu, then does its I/O without
-// it: the owner's release meanwhile only records that the owner is done. It records the verdict
-// after the action: terminated if the backend is verified gone; otherwise the failure, after
-// which the pool closes its own socket to the session (the server notices at its next read, or
-// at the idle-in-transaction backstop). Either way the slot is freed now and the owner's calls
-// fail with a *BudgetError that says which.
+// terminate ends the lease's session: active -> terminating under l.mu, then its I/O without it
+// (the owner's release meanwhile only records that the owner is done), then the verdict:
+// terminated if the backend is verified gone; otherwise the failure, after which the pool closes
+// its own socket to the session (the server notices at its next read, or at the
+// idle-in-transaction backstop). Either way the slot is freed now and the owner's calls fail with
+// a *BudgetError that says which. A COMMIT in flight is waited for, commitWait at most, so that a
+// transaction the server committed is not reported failed.
 func (l *lease) terminate(elapsed time.Duration) {
 	l.mu.Lock()
-	if l.state != leaseActive || l.terminating.Load() {
+	if l.phase() == phCommitting {
+		ch := make(chan struct{})
+		l.committed = ch
+		l.mu.Unlock()
+		t := time.NewTimer(commitWait)
+		select {
+		case <-ch:
+		case <-t.C:
+		}
+		t.Stop()
+		l.mu.Lock()
+	}
+	switch l.phase() {
+	case phActive, phCommitting:
+		// From here the owner's calls fail at once: they would reach a session being killed.
+		l.violation.Store(l.budgetError(ActionTerminate, elapsed, nil))
+		l.setLocked(phTerminating)
+	default:
 		l.mu.Unlock()
 		return
 	}
-	l.terminating.Store(true)
 	l.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), terminateTimeout)
@@ -94,16 +128,16 @@ func (l *lease) terminate(elapsed time.Duration) {
 	l.violation.Store(l.budgetError(ActionTerminate, elapsed, err))
 
 	l.mu.Lock()
-	st := l.state
-	l.state = leaseEnded
-	l.terminating.Store(false)
-	l.mu.Unlock()
-	if st != leaseEnded {
-		l.end(endTerminated)
+	owner := l.phase() == phTerminating // the owner still holds the lease
+	if owner {
+		l.setLocked(phTerminated)
 	} else {
-		_ = l.w.Close() // hijacked meanwhile: it was over its budget all the same
+		l.setLocked(phEnded)
 	}
-	l.p.violated(l.violationOf(ActionTerminate, elapsed, err))
+	l.mu.Unlock()
+	l.end(endTerminated)
+	v := l.violationOf(ActionTerminate, elapsed, err)
+	l.srv.term.report(func() { l.p.violated(v) })
 }
 
 func (l *lease) budgetError(a Action, elapsed time.Duration, failed error) *BudgetError {
@@ -113,5 +147,5 @@ func (l *lease) budgetError(a Action, elapsed time.Duration, failed error) *Budg
 
 func (l *lease) violationOf(a Action, elapsed time.Duration, err error) Violation {
 	return Violation{Lane: l.rt.lane, Tag: l.rt.tag, Action: a, PID: l.pid, Budget: l.budget, Elapsed: elapsed,
-		Warning: a == ActionFlag && l.action != ActionFlag, CallSite: l.callSite.String(), Err: err}
+		Warning: a == ActionFlag && l.action != ActionFlag, OverBudget: l.action, CallSite: l.callSite.String(), Err: err}
 }

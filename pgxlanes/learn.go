@@ -13,14 +13,9 @@ import (
 // threshold is reported by the guard's Mark step before it ends, so a storm of slow statements is
 // caught within about the threshold.
 
-// overran tells the learner that the lease's statement is still running past the threshold.
-func (p *Pool) overran(l *lease) {
-	p.changed(p.learn.Overran(l.rt.key), l.sql)
-}
-
 // learned tells the learner how long the lease's statement took.
 func (p *Pool) learned(l *lease, d time.Duration) {
-	p.changed(p.learn.Done(l.rt.key, d, l.overran.Load()), l.sql)
+	p.changed(p.learn.Done(l.rt.key, d, l.has(fOverran)), l.sql)
 }
 
 func (p *Pool) changed(c stmtstats.Change, sql string) {

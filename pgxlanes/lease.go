@@ -20,17 +20,6 @@ import (
 // so it returns at once.
 const closeTimeout = time.Second
 
-// leaseState is guarded by lease.mu.
-type leaseState uint8
-
-const (
-	leaseActive leaseState = iota
-	// leaseEnding: the owner released the lease while the guard was terminating its session;
-	// the guard ends it when done.
-	leaseEnding
-	leaseEnded
-)
-
 // endHow says how a lease ends.
 type endHow uint8
 
@@ -73,16 +62,17 @@ type lease struct {
 
 	guard    txguard.Lease
 	callSite callSite
-	// violation is set by the guard when it cancels or terminates; the wrappers then fail the
-	// lease's calls with it. terminating is set while the guard terminates the session.
-	violation   atomic.Pointer[BudgetError]
-	terminating atomic.Bool
-	flagged     atomic.Bool
-	overran     atomic.Bool // the learner was told this statement ran past the threshold
-	released    atomic.Bool // the owner released or hijacked it: its wrappers refuse calls
+	// violation is set by the guard when it cancels or terminates, before the lease leaves
+	// active; the wrappers then fail the lease's calls with it.
+	violation atomic.Pointer[BudgetError]
 
-	mu    sync.Mutex // orders the owner's release against the guard's terminate
-	state leaseState
+	// mu orders the owner's transitions against the guard's (leasestate.go); it is never held
+	// across network I/O. st is the state word: written under mu, read without it.
+	mu sync.Mutex
+	st atomic.Uint32
+	// committed is closed when a COMMIT in flight returns; made by a terminate that waits for
+	// it. Guarded by mu.
+	committed chan struct{}
 }
 
 // newLease turns a pgxpool connection and a lane slot into a lease: it stages the session
@@ -111,7 +101,9 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	}
 	l.acquired = time.Now() // before the registry publishes the lease: Status and blame read it
 	if rt.lane != Short {
-		srv.holders.add(l)
+		srv.holders.add(l) // after every field the lock-holder lookup reads is written
+	} else {
+		srv.holders.short.add(l.pid)
 	}
 	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action)}
 	if rt.learn {
@@ -136,44 +128,49 @@ func (l *lease) txLocal() string {
 // for reuse. It is safe to call more than once; only the first call does anything.
 func (l *lease) release() { l.close(endReturn) }
 
+// close is the owner's end of the lease (see the table in leasestate.go).
 func (l *lease) close(how endHow) {
 	l.mu.Lock()
-	if l.state != leaseActive {
+	switch l.phase() {
+	case phActive, phCommitting:
+		l.setLocked(phReleasing)
 		l.mu.Unlock()
-		return
-	}
-	l.released.Store(true)
-	if l.terminating.Load() {
+		l.end(how)
+	case phTerminating:
 		// The guard is terminating the session: it ends the lease when done. The owner does not
 		// wait for its network I/O.
-		l.state = leaseEnding
+		l.setLocked(phAbandoned)
 		l.mu.Unlock()
-		return
+	case phTerminated:
+		l.setLocked(phEnded)
+		l.mu.Unlock()
+	default:
+		l.mu.Unlock()
 	}
-	l.state = leaseEnded
-	l.mu.Unlock()
-	l.end(how)
 }
 
 // hijack ends the lease and hands its connection to the caller, with the session's settings
-// back at the defaults before its next statement.
+// back at the defaults before its next statement. During or after a terminate by the guard it
+// hands over the connection as it is, being killed or dead, for the caller to close; the slot is
+// freed by the guard once its verdict is in, not before.
 func (l *lease) hijack() *pgx.Conn {
 	l.mu.Lock()
-	if l.released.Load() {
+	switch l.phase() {
+	case phActive, phCommitting:
+		l.setLocked(phEnded)
 		l.mu.Unlock()
-		panic("pgxlanes: cannot hijack a connection already released or hijacked")
-	}
-	if l.state != leaseActive {
-		// The guard terminated the session and ended the lease: the connection is dead and out
-		// of the pool; hand it over as it is, for the caller to close.
-		l.released.Store(true)
+		return l.end(endHijack)
+	case phTerminating:
+		l.setLocked(phAbandoned)
+		l.mu.Unlock()
+		return l.conn
+	case phTerminated:
+		l.setLocked(phEnded)
 		l.mu.Unlock()
 		return l.conn
 	}
-	l.released.Store(true)
-	l.state = leaseEnded
 	l.mu.Unlock()
-	return l.end(endHijack)
+	panic("pgxlanes: cannot hijack a connection already released or hijacked")
 }
 
 // end is the one exit of a lease. A connection whose interrupted request is still being
@@ -185,6 +182,7 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		cleaning := &p.lanes[l.rt.lane].counts.cleaning
 		cleaning.Add(1)
 		if l.w.OnClean(func(ok bool) {
+			// The drain's callback: releasing -> ended.
 			cleaning.Add(-1)
 			if ok {
 				l.end(endCleaned)
@@ -195,6 +193,9 @@ func (l *lease) end(how endHow) *pgx.Conn {
 			return nil
 		}
 		cleaning.Add(-1)
+	}
+	if how != endHijack && how != endTerminated {
+		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
 	}
 	var hijacked *pgx.Conn
 	l.w.ClearInterrupt()
@@ -231,6 +232,8 @@ func (l *lease) end(how endHow) *pgx.Conn {
 	srv := l.srv
 	if l.rt.lane != Short {
 		srv.holders.remove(l)
+	} else {
+		srv.holders.short.remove(l.pid)
 	}
 	srv.leased.Add(-1)
 	srv.lastUse.Store(l.acquired.UnixNano())
@@ -238,13 +241,13 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		p.fleet.release(l.fleetSlot)
 	}
 	srv.res.Release(l.slot)
-	if l.rt.learn || p.obs.any() || l.flagged.Load() {
+	if flagged := l.has(fFlagged); l.rt.learn || p.obs.any() || flagged {
 		hold := time.Since(l.acquired)
 		if l.rt.learn {
 			p.learned(l, hold)
 		}
 		p.obs.release(ReleaseEvent{Lane: l.rt.lane, Tag: l.rt.tag, Hold: hold, PID: l.pid, Budget: l.budget,
-			Flagged: l.flagged.Load(), CallSite: l.callSite.String()})
+			Flagged: flagged, CallSite: l.callSite.String()})
 	}
 	return hijacked
 }
@@ -258,10 +261,21 @@ func (l *lease) closeConn() {
 	cancel()
 }
 
+// run is how a wrapper makes a call on its lease: refuse it if the lease is released or the guard
+// acted (refuse is the wrapper's check), make it, and turn its error into the caller's (fail).
+func run[T any](l *lease, refuse error, call func() (T, error)) (T, error) {
+	if refuse != nil {
+		var zero T
+		return zero, refuse
+	}
+	v, err := call()
+	return v, l.fail(err)
+}
+
 // check is called by every wrapper before it touches the connection: a released lease never
 // reaches its connection again, and one the guard acted on fails at once.
 func (l *lease) check() error {
-	if l.released.Load() {
+	if l.released() {
 		return ErrReleased
 	}
 	if v := l.violation.Load(); v != nil {
@@ -292,7 +306,7 @@ func (l *lease) fail(err error) error {
 	if v := l.violation.Load(); v != nil {
 		return v.with(err)
 	}
-	if isPg && pgErr.Code == "57P01" && l.terminating.Load() {
+	if isPg && pgErr.Code == "57P01" && l.terminating() {
 		// The server's own word that the guard's terminate happened.
 		return l.budgetError(ActionTerminate, time.Since(l.acquired), nil).with(err)
 	}

@@ -144,9 +144,17 @@ func (o *observers) release(e ReleaseEvent) {
 
 // violation logs v and tells the observers and OnViolation.
 func (o *observers) violation(v Violation) {
+	// A warning did nothing to the lease: its line says so, and what the lane does at the budget.
+	action := slog.String("action", v.Action.String())
+	if v.Warning {
+		action = slog.String("action", "warn")
+	}
 	attrs := []slog.Attr{
-		slog.String("lane", v.Lane.String()), slog.String("tag", v.Tag), slog.String("action", v.Action.String()),
+		slog.String("lane", v.Lane.String()), slog.String("tag", v.Tag), action,
 		slog.Uint64("pid", uint64(v.PID)), slog.Duration("elapsed", v.Elapsed), slog.Duration("budget", v.Budget),
+	}
+	if v.Warning && v.OverBudget != 0 {
+		attrs = append(attrs, slog.String("at_budget", v.OverBudget.String()))
 	}
 	if v.CallSite != "" {
 		attrs = append(attrs, slog.String("call_site", v.CallSite))

@@ -115,7 +115,11 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	p.guard = txguard.New()
 	if n := cfg.Long.FleetMaxConns; n > 0 {
 		srv := p.lanes[Long].srv
-		p.fleet = newFleet(srv.term, srv.pool.Config().ConnConfig.Database, n)
+		name := cfg.Long.FleetName
+		if name == "" {
+			name = defaultFleetName(srv.pool.Config().ConnConfig)
+		}
+		p.fleet = newFleet(srv.term, name, n)
 	}
 	return p, nil
 }
@@ -145,6 +149,8 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.servers = append(p.servers, srv)
+	srv.holders.short.size(int(base.MaxConns))
+	srv.term.warm() // before the pool's connections compete for the server's last slots
 	return nil
 }
 
@@ -256,6 +262,9 @@ func (p *Pool) Close() {
 		}
 		if p.guard != nil {
 			p.guard.Close()
+		}
+		if p.fleet != nil {
+			p.fleet.close()
 		}
 		for _, srv := range p.servers {
 			srv.holders.lookup.Wait()

@@ -186,6 +186,9 @@ func (lc *LaneConfig) check(l Lane, pooler bool) error {
 	if l != Long && lc.FleetMaxConns > 0 {
 		return bad("FleetMaxConns", "is Long's alone")
 	}
+	if l != Long && lc.FleetName != "" {
+		return bad("FleetName", "is Long's alone")
+	}
 	if l != Long && lc.Server != nil {
 		return bad("Server", "is Long's alone: Short and Tx carry the writes and unannotated statements, which belong on the primary")
 	}

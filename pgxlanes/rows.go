@@ -40,7 +40,7 @@ type leaseRows struct {
 // gone reports whether the rows belong to a lease its owner released: the connection may serve
 // someone else, so the rows must not touch it.
 func (r *leaseRows) gone() bool {
-	if !r.release && !r.closed && r.l.released.Load() {
+	if !r.release && !r.closed && r.l.released() {
 		r.closed, r.err = true, ErrReleased
 		return true
 	}
@@ -80,7 +80,7 @@ func (r *leaseRows) Next() bool {
 // stale reports whether the rows belong to a lease that was released: they must not reach its
 // connection, which may serve another caller, however often they are asked.
 func (r *leaseRows) stale() bool {
-	if r.release || !r.l.released.Load() {
+	if r.release || !r.l.released() {
 		return false
 	}
 	r.gone()
@@ -110,7 +110,7 @@ func (r *leaseRows) Values() ([]any, error) {
 }
 
 func (r *leaseRows) Conn() *pgx.Conn {
-	if r.l.released.Load() {
+	if r.l.released() {
 		return nil
 	}
 	return r.Rows.Conn()
@@ -155,7 +155,7 @@ type leaseBatch struct {
 // dropped: pgx gives the caller's own read the batch's error, and that read must be made anyway,
 // since in some exec modes each failed read still takes its query's turn.
 func (br *leaseBatch) next() error {
-	if !br.release && br.tx == nil && br.l.released.Load() {
+	if !br.release && br.tx == nil && br.l.released() {
 		return ErrReleased
 	}
 	if br.reads == 1 {
@@ -199,7 +199,7 @@ func (br *leaseBatch) Close() error {
 		return br.err
 	}
 	br.closed = true
-	if !br.release && br.tx == nil && br.l.released.Load() {
+	if !br.release && br.tx == nil && br.l.released() {
 		br.err = ErrReleased
 		return br.err
 	}

@@ -194,7 +194,7 @@ func (p *Pool) Status() Status {
 // status describes the lease as of now. Its fields are set before it is registered, or atomic.
 func (l *lease) status(now time.Time) LeaseStatus {
 	ls := LeaseStatus{Lane: l.rt.lane, Tag: l.rt.tag, PID: l.pid, Age: now.Sub(l.acquired), Budget: l.budget,
-		Action: l.action, Flagged: l.flagged.Load(), CallSite: l.callSite.String()}
+		Action: l.action, Flagged: l.has(fFlagged), CallSite: l.callSite.String()}
 	switch l.kind {
 	case kindTx:
 		ls.Kind = "transaction"
@@ -208,7 +208,7 @@ func (l *lease) status(now time.Time) LeaseStatus {
 	}
 	if v := l.violation.Load(); v != nil {
 		ls.Violation = v.Action.String()
-	} else if l.terminating.Load() {
+	} else if l.terminating() {
 		ls.Violation = ActionTerminate.String()
 	}
 	return ls

@@ -2,6 +2,8 @@ package pgxlanes
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -20,7 +22,7 @@ type leaseTx struct {
 // check refuses a call after the lease ended: for a transaction of the pool's, as pgx does after
 // Commit or Rollback (ErrTxClosed); for one of a held connection, with ErrReleased.
 func (tx *leaseTx) check() error {
-	if tx.l.released.Load() {
+	if tx.l.released() {
 		if tx.release {
 			return pgx.ErrTxClosed
 		}
@@ -31,21 +33,32 @@ func (tx *leaseTx) check() error {
 
 // Begin starts a pseudo nested transaction (a savepoint) on the same lease.
 func (tx *leaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if err := tx.check(); err != nil {
-		return nil, err
-	}
-	t, err := tx.t.Begin(ctx)
+	t, err := run(tx.l, tx.check(), func() (pgx.Tx, error) { return tx.t.Begin(ctx) })
 	if err != nil {
-		return nil, tx.l.fail(err)
+		return nil, err
 	}
 	return &leaseTx{t: t, l: tx.l}, nil
 }
 
-// Commit commits, and releases the connection of a transaction of the pool's. If the guard acted
-// on the transaction, or one of its statements was interrupted, it rolls back instead and says so.
+// ErrCommitOutcomeUnknown is wrapped by the error of a Commit whose connection was lost, or
+// whose session the guard terminated, after the COMMIT was sent: the server may or may not have
+// committed, and only the data can tell. Such an error is never errors.Is ErrBudgetExceeded,
+// and pgconn.SafeToRetry says false for it: retrying may apply the work twice.
+var ErrCommitOutcomeUnknown = errors.New("pgxlanes: connection lost during COMMIT; the transaction may have committed")
+
+// Commit commits, and releases the connection of a transaction of the pool's. It reports failure
+// only for a transaction that did not commit:
+//   - nil when the server acknowledged the COMMIT, even if the lease went over its budget
+//     meanwhile (the violation is still counted and reported): the guard does not interrupt a
+//     COMMIT in flight, and a terminate waits for it (commitWait at most);
+//   - a *BudgetError (errors.Is ErrBudgetExceeded) when the guard acted before the COMMIT was
+//     sent, and pgx.ErrTxCommitRollback after an interrupted statement: the COMMIT is not sent,
+//     the transaction is rolled back;
+//   - an error wrapping ErrCommitOutcomeUnknown when the connection was lost after the COMMIT was
+//     sent.
 func (tx *leaseTx) Commit(ctx context.Context) error {
 	if err := tx.check(); err != nil {
-		if v := tx.l.violation.Load(); v != nil && !tx.l.released.Load() {
+		if v := tx.l.violation.Load(); v != nil && !tx.l.released() {
 			return tx.abandon(ctx, v)
 		}
 		return err
@@ -53,13 +66,63 @@ func (tx *leaseTx) Commit(ctx context.Context) error {
 	if tx.l.w.Draining() {
 		return tx.abandon(ctx, pgx.ErrTxCommitRollback)
 	}
+	if err := tx.l.beginCommit(); err != nil {
+		if errors.Is(err, ErrReleased) {
+			return tx.check()
+		}
+		return tx.abandon(ctx, err)
+	}
 	err := tx.t.Commit(ctx)
-	err = tx.l.fail(err)
+	terminated := tx.l.endCommit()
+	if err != nil {
+		err = tx.commitError(err, terminated)
+	}
 	if tx.release {
 		tx.l.release()
 	}
 	return err
 }
+
+// commitError is what Commit returns for err, the error of a COMMIT that was sent: unknown when
+// the session was lost before the server's answer arrived, the server's own error (through fail)
+// otherwise.
+func (tx *leaseTx) commitError(err error, terminated bool) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Severity != "FATAL" && pgErr.Severity != "PANIC" {
+		if cause := tx.l.w.Cause(); pgErr.Code == "57014" && cause != nil {
+			// The COMMIT was ended early (internal/wire): by the caller's context, which returns
+			// the caller at its deadline; the server may have committed meanwhile.
+			var be *BudgetError
+			if errors.As(cause, &be) {
+				// Not the guard's doing (it never interrupts a COMMIT), but never a budget
+				// failure that invites a retry either.
+				return &commitUnknownError{err: fmt.Errorf("%s: %w", be.Error(), err)}
+			}
+			return &commitUnknownError{err: tx.l.fail(err)}
+		}
+		return tx.l.fail(err) // the server answered: it did not commit
+	}
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	if pgErr != nil || terminated || tx.l.conn.IsClosed() || !pgconn.SafeToRetry(err) {
+		cause := err
+		if v := tx.l.violation.Load(); v != nil {
+			cause = fmt.Errorf("%s: %w", v.Error(), err)
+		}
+		return &commitUnknownError{err: cause}
+	}
+	return tx.l.fail(err)
+}
+
+// commitUnknownError is the error of a Commit whose outcome is unknown.
+type commitUnknownError struct{ err error }
+
+func (e *commitUnknownError) Error() string {
+	return ErrCommitOutcomeUnknown.Error() + ": " + e.err.Error()
+}
+func (e *commitUnknownError) Unwrap() []error   { return []error{ErrCommitOutcomeUnknown, e.err} }
+func (e *commitUnknownError) SafeToRetry() bool { return false }
 
 // abandon ends a transaction that cannot commit and returns err. The server has rolled it back or
 // will: an interrupted statement aborted it, and the lease's end rolls it back once the
@@ -80,12 +143,12 @@ func (tx *leaseTx) Rollback(ctx context.Context) error {
 	if tx.l.violation.Load() != nil {
 		if tx.release {
 			tx.l.release()
-		} else if !tx.l.released.Load() {
+		} else if !tx.l.released() {
 			_ = tx.t.Rollback(ctx)
 		}
 		return nil
 	}
-	if tx.l.released.Load() {
+	if tx.l.released() {
 		if tx.release {
 			return pgx.ErrTxClosed
 		}
@@ -107,11 +170,7 @@ func (tx *leaseTx) Rollback(ctx context.Context) error {
 }
 
 func (tx *leaseTx) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	if err := tx.check(); err != nil {
-		return 0, err
-	}
-	n, err := tx.t.CopyFrom(ctx, tableName, columnNames, rowSrc)
-	return n, tx.l.fail(err)
+	return run(tx.l, tx.check(), func() (int64, error) { return tx.t.CopyFrom(ctx, tableName, columnNames, rowSrc) })
 }
 
 func (tx *leaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
@@ -125,26 +184,18 @@ func (tx *leaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 // connection may serve another caller, as Conn does. pgx.LargeObjects is pgx's own type and calls
 // the connection directly: do not keep one past the end of its transaction.
 func (tx *leaseTx) LargeObjects() pgx.LargeObjects {
-	if tx.l.released.Load() {
+	if tx.l.released() {
 		panic("pgxlanes: Tx.LargeObjects called after the transaction's connection was released")
 	}
 	return tx.t.LargeObjects()
 }
 
 func (tx *leaseTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if err := tx.check(); err != nil {
-		return nil, err
-	}
-	sd, err := tx.t.Prepare(ctx, name, sql)
-	return sd, tx.l.fail(err)
+	return run(tx.l, tx.check(), func() (*pgconn.StatementDescription, error) { return tx.t.Prepare(ctx, name, sql) })
 }
 
 func (tx *leaseTx) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	if err := tx.check(); err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	ct, err := tx.t.Exec(ctx, sql, arguments...)
-	return ct, tx.l.fail(err)
+	return run(tx.l, tx.check(), func() (pgconn.CommandTag, error) { return tx.t.Exec(ctx, sql, arguments...) })
 }
 
 func (tx *leaseTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -164,7 +215,7 @@ func (tx *leaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 // Conn returns the underlying *pgx.Conn. It panics once the lease ended, when the connection
 // may serve another caller.
 func (tx *leaseTx) Conn() *pgx.Conn {
-	if tx.l.released.Load() {
+	if tx.l.released() {
 		panic("pgxlanes: Tx.Conn called after the transaction's connection was released")
 	}
 	return tx.t.Conn()

@@ -59,6 +59,8 @@ type Violation struct {
 	// Warning is true for the early warning at half the budget (cancel and terminate lanes): the
 	// lease is not over its budget yet and nothing was done to it. Action is then ActionFlag.
 	Warning bool
+	// OverBudget is the lane's action for the lease past its budget: what a warning announces.
+	OverBudget Action
 	// CallSite is where the lease was acquired ("file.go:123 pkg.Func"), when stack capture is on;
 	// "" otherwise.
 	CallSite string
