@@ -1,0 +1,70 @@
+package stdlib
+
+import (
+	"context"
+	"runtime"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// takenBySQLConn reports whether database/sql's DB.Conn is taking the connection out: Connect
+// and ResetSession are called from DB.conn, under DB.Conn (DB.Conn, DB.retry, DB.conn). It is
+// the one thing that tells a sql.Conn, which database/sql promises is one connection until its
+// Close, from a db call, which needs a connection for its own duration: database/sql passes the
+// driver nothing else. It walks a few frames once per checkout (about a microsecond).
+func takenBySQLConn() bool {
+	var pcs [16]uintptr
+	n := runtime.Callers(2, pcs[:])
+	frames := runtime.CallersFrames(pcs[:n])
+	for {
+		f, more := frames.Next()
+		if f.Function == "database/sql.(*DB).Conn" {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// Conn returns the *pgx.Conn of the server session that this connection pins, as pgx's
+// stdlib.Conn.Conn does: the way to what database/sql cannot do (CopyFrom, LISTEN and
+// WaitForNotification, large objects, pgx's types). Reach it through sql.Conn.Raw, with the same
+// line as for pgx's stdlib (only the import path differs):
+//
+//	err := sqlConn.Raw(func(driverConn any) error {
+//		conn := driverConn.(*stdlib.Conn).Conn() // *pgx.Conn
+//		...
+//	})
+//
+// If no call pinned a session yet, Conn pins one, on the lane the sql.Conn's ctx named (Tx
+// otherwise), and returns nil if that acquire fails (the lane's acquire timeout): call the
+// sql.Conn's PingContext first to pin it and see the error. Inside an open transaction it is the
+// transaction's connection.
+//
+// The *pgx.Conn stays the pool's, and the sql.Conn's statements run on it: use it while the
+// sql.Conn is open and from one goroutine with it, never after Close (the session then serves
+// other callers). Do not Close it, and end what you start on it (a transaction begun with
+// pgx, LISTEN, a session setting) before closing the sql.Conn: the pool resets its lane's
+// timeouts, not your state. A connection it closed is destroyed by the pool, not reused.
+func (c *Conn) Conn() *pgx.Conn {
+	switch {
+	case c.closed:
+		return nil
+	case c.tx != nil:
+		return c.tx.Conn()
+	case c.held != nil:
+		return c.held.Conn()
+	}
+	ctx, named := c.callCtx(context.Background())
+	if !named {
+		ctx = pgxlanes.WithLane(ctx, pgxlanes.Tx)
+	}
+	held, err := c.pin(ctx)
+	if err != nil {
+		return nil
+	}
+	return held.Conn()
+}
