@@ -22,16 +22,17 @@ import (
 	"github.com/pgxlanes/pgxlanes/stdlib"
 )
 
-// sqlChurn runs lookups and transactions on db from 4 goroutines until the returned func is
-// called, so that sessions change hands between a migration tool's statements.
+// sqlChurn runs statements and transactions on db from 6 goroutines until the returned func is
+// called, so that sessions change hands between a migration tool's statements (each takes a few
+// milliseconds, so that the pool's idle sessions are seldom the one a statement used last).
 func sqlChurn(db *sql.DB) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for i := range 4 {
+	for i := range 6 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				if i%2 == 0 {
-					_ = db.QueryRowContext(ctx, "select v from items where id = $1", 1+i).Scan(new(int))
+					_, _ = db.ExecContext(ctx, "select pg_sleep(0.003)")
 					continue
 				}
 				if tx, err := db.BeginTx(ctx, nil); err == nil {
