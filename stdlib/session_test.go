@@ -203,3 +203,24 @@ func TestPrepareOnSession(t *testing.T) {
 	require.NoError(t, held.QueryRow(ctx, "select count(*) from pg_prepared_statements where statement = 'select $1::int + 1'").Scan(&n))
 	assert.Zero(t, n, "the Stmt left open was deallocated when the sql.Conn closed")
 }
+
+// The rows of an empty result release their lease at once; their columns, asked for later, are
+// still theirs, not those of the statement that the session ran next (found by -race under
+// River's job fetches).
+func TestColumnsAfterRelease(t *testing.T) {
+	ctx := context.Background()
+	pool, db := open(t, "pool_max_conns=1")
+	rows, err := db.QueryContext(ctx, "select 1 as a where false")
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{}, inUse(pool), "an empty result released its lease")
+	held, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	var b, c int
+	require.NoError(t, held.QueryRow(ctx, "select 2 as b, 3 as c").Scan(&b, &c))
+	held.Release()
+	cols, err := rows.Columns()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a"}, cols)
+	assert.False(t, rows.Next())
+	require.NoError(t, rows.Close())
+}
