@@ -3,6 +3,7 @@ package stdlib
 import (
 	"context"
 	"runtime"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,20 +14,33 @@ import (
 // and ResetSession are called from DB.conn, under DB.Conn (DB.Conn, DB.retry, DB.conn). It is
 // the one thing that tells a sql.Conn, which database/sql promises is one connection until its
 // Close, from a db call, which needs a connection for its own duration: database/sql passes the
-// driver nothing else. It walks a few frames once per checkout (about a microsecond).
+// driver nothing else. It walks a few frames once per checkout (well under a microsecond).
 func takenBySQLConn() bool {
-	var pcs [16]uintptr
-	n := runtime.Callers(2, pcs[:])
-	frames := runtime.CallersFrames(pcs[:n])
-	for {
-		f, more := frames.Next()
-		if f.Function == "database/sql.(*DB).Conn" {
+	var pcs [8]uintptr
+	n := runtime.Callers(3, pcs[:]) // from the caller of Connect or ResetSession up
+	for _, pc := range pcs[:n] {
+		if inDBConn(pc) {
 			return true
 		}
-		if !more {
-			return false
-		}
 	}
+	return false
+}
+
+// dbConnPCs caches, per return address, whether it is in database/sql's DB.Conn: the few call
+// paths of database/sql give few addresses.
+var dbConnPCs sync.Map // uintptr → bool
+
+// inDBConn reports whether the return address pc is in DB.Conn. FuncForPC names the function
+// at pc-1 without the file and line that runtime.CallersFrames also resolves; where DB.Conn's
+// body was inlined, the innermost function there is still DB.Conn.
+func inDBConn(pc uintptr) bool {
+	if v, ok := dbConnPCs.Load(pc); ok {
+		return v.(bool)
+	}
+	f := runtime.FuncForPC(pc - 1)
+	in := f != nil && f.Name() == "database/sql.(*DB).Conn"
+	dbConnPCs.Store(pc, in)
+	return in
 }
 
 // Conn returns the *pgx.Conn of the server session that this connection pins, as pgx's
