@@ -57,8 +57,8 @@
 // *sql.DB of its own opened with OptionPinLane(pgxlanes.Long).
 //
 // database/sql tells a driver nothing that separates a sql.Conn from a db call: the bridge sees
-// database/sql's DB.Conn on the stack when it takes the connection out (about a microsecond per
-// checkout). database/sql hands a connection that its background opener created (only when
+// database/sql's DB.Conn on the stack when it takes the connection out (a walk of a few frames
+// per checkout, each return address's verdict cached: under 1% of a lookup's CPU). database/sql hands a connection that its background opener created (only when
 // SetMaxOpenConns is set and reached) to a waiting caller without calling the driver at all: a
 // sql.Conn that gets such a connection pins only if a lane is named (by its first call's ctx, or
 // OptionPinLane). Leave SetMaxOpenConns unset.
