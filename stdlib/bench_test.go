@@ -32,6 +32,13 @@ func BenchmarkQueryRow(b *testing.B) {
 		name string
 		db   *sql.DB
 	}{{"pgx", pgxstdlib.OpenDBFromPool(plainPool)}, {"pgxlanes", stdlib.OpenDBFromPool(lanesPool)}}
+	// The same lookup on *pgxlanes.Pool without database/sql: what the bridge adds.
+	b.Run("Op=QueryRow/Driver=pgxlanes-direct/Clients=1", func(b *testing.B) {
+		var n int
+		for b.Loop() {
+			require.NoError(b, lanesPool.QueryRow(ctx, "select $1::int", 1).Scan(&n))
+		}
+	})
 	for _, d := range dbs {
 		defer d.db.Close()
 		for _, clients := range []int{1, 8} {

@@ -36,16 +36,28 @@ type Conn struct {
 	// ResetSession), merged with defaults; it applies to calls whose ctx lacks it. IsValid,
 	// called when database/sql takes the connection back, ends the checkout.
 	checkout pgxlanes.Annotations
-	held     *pgxlanes.Conn // the pinned connection, until the checkout ends
-	tx       pgx.Tx         // the open transaction: on its own lease, or inside held
+	// session is set when the checkout is a sql.Conn (DB.Conn took the connection out): the
+	// first call pins a session, on Tx unless a lane is named, and a transaction begun first
+	// runs inside it.
+	session bool
+	held    *pgxlanes.Conn // the pinned connection, until the checkout ends
+	pins    uint64         // counts the pinned connections: a Stmt knows its session by it
+	// prepared counts the Stmts prepared on held by their SQL (the statement's name on the
+	// server, as with pgx's stdlib); what is left is deallocated when held is released.
+	prepared map[string]int
+	tx       pgx.Tx // the open transaction: on its own lease, or inside held
 	closed   bool
 }
 
-// checkOut starts a checkout with the annotations of ctx.
-func (c *Conn) checkOut(ctx context.Context) {
+// checkOut starts a checkout with the annotations of ctx; session says whether it is a sql.Conn's.
+func (c *Conn) checkOut(ctx context.Context, session bool) {
 	c.checkout = pgxlanes.AnnotationsFrom(ctx)
+	c.session = session
 	if !c.checkout.LaneSet {
 		c.checkout.Lane, c.checkout.LaneSet = c.defaults.Lane, c.defaults.LaneSet
+	}
+	if session && !c.checkout.LaneSet {
+		c.checkout.Lane, c.checkout.LaneSet = pgxlanes.Tx, true
 	}
 }
 
@@ -82,20 +94,41 @@ func (c *Conn) route(ctx context.Context) (context.Context, querier, error) {
 	if !pin {
 		return ctx, c.pool, nil
 	}
-	held, err := c.pool.Acquire(ctx)
+	held, err := c.pin(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
-	c.held = held
 	return ctx, held, nil
 }
 
-// unpin releases the pinned connection, if any.
-func (c *Conn) unpin() {
-	if c.held != nil {
-		c.held.Release()
-		c.held = nil
+// pin acquires the connection that the checkout keeps, on the lane ctx names (callCtx merged
+// the checkout's in). ctx bounds the acquire only.
+func (c *Conn) pin(ctx context.Context) (*pgxlanes.Conn, error) {
+	held, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
 	}
+	c.held = held
+	c.pins++
+	return held, nil
+}
+
+// unpin deallocates the statements prepared on the pinned connection and not closed, and
+// releases the connection, if any.
+func (c *Conn) unpin() {
+	if c.held == nil {
+		return
+	}
+	if len(c.prepared) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+		for name := range c.prepared {
+			_ = c.held.Conn().Deallocate(ctx, name)
+		}
+		cancel()
+		clear(c.prepared)
+	}
+	c.held.Release()
+	c.held = nil
 }
 
 // badConn turns an error that left the request unsent into driver.ErrBadConn, so that
@@ -162,8 +195,8 @@ func (c *Conn) Ping(ctx context.Context) error {
 	}
 }
 
-// BeginTx begins a transaction: inside the pinned connection if there is one, otherwise on a
-// lease of its own from Pool.BeginTx, on Tx or the lane ctx (or the checkout) names, with that
+// BeginTx begins a transaction: inside the pinned connection if there is one or the checkout is a
+// sql.Conn's (which pins one now), otherwise on a lease of its own from Pool.BeginTx, on Tx or the lane ctx (or the checkout) names, with that
 // lane's settings and budget. As with database/sql, ctx bounds the whole transaction: when it
 // ends, database/sql rolls back.
 func (c *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -178,10 +211,16 @@ func (c *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, err
 	}
 	var tx pgx.Tx
-	if c.held != nil {
+	lctx, _ := c.callCtx(ctx)
+	switch {
+	case c.held != nil:
 		tx, err = c.held.BeginTx(ctx, txo)
-	} else {
-		lctx, _ := c.callCtx(ctx)
+	case c.session:
+		var held *pgxlanes.Conn
+		if held, err = c.pin(lctx); err == nil {
+			tx, err = held.BeginTx(ctx, txo)
+		}
+	default:
 		tx, err = c.pool.BeginTx(lctx, txo)
 	}
 	if err != nil {
@@ -215,15 +254,6 @@ func txOptions(opts driver.TxOptions) (pgx.TxOptions, error) {
 
 func (c *Conn) Begin() (driver.Tx, error) { return c.BeginTx(context.Background(), driver.TxOptions{}) }
 
-// PrepareContext returns a statement that runs query on the connection like ExecContext and
-// QueryContext. Nothing is prepared on the server here (see the package documentation).
-func (c *Conn) PrepareContext(_ context.Context, query string) (driver.Stmt, error) {
-	if c.closed {
-		return nil, driver.ErrBadConn
-	}
-	return &Stmt{c: c, query: query}, nil
-}
-
 func (c *Conn) Prepare(query string) (driver.Stmt, error) {
 	return c.PrepareContext(context.Background(), query)
 }
@@ -238,7 +268,7 @@ func (c *Conn) ResetSession(ctx context.Context) error {
 	if c.closed || c.tx != nil || c.held != nil {
 		return driver.ErrBadConn // cannot happen: IsValid ended the last checkout
 	}
-	c.checkOut(ctx)
+	c.checkOut(ctx, takenBySQLConn())
 	return nil
 }
 
@@ -250,7 +280,7 @@ func (c *Conn) IsValid() bool {
 		return false // cannot happen: database/sql takes a connection back after its transaction; Close ends it
 	}
 	c.unpin()
-	c.checkout = c.defaults
+	c.checkout, c.session = c.defaults, false
 	return !c.closed
 }
 
@@ -301,33 +331,6 @@ func (w *wrapTx) Rollback() error {
 		defer cancel()
 	}
 	return tx.Rollback(ctx)
-}
-
-// Stmt is a prepared statement: its text, run on its connection per call.
-type Stmt struct {
-	c     *Conn
-	query string
-}
-
-func (s *Stmt) Close() error { return nil }
-
-// NumInput is -1: nothing was prepared, so the argument count is not known here.
-func (s *Stmt) NumInput() int { return -1 }
-
-func (s *Stmt) Exec([]driver.Value) (driver.Result, error) {
-	return nil, errors.New("pgxlanes/stdlib: Stmt.Exec is deprecated and not implemented")
-}
-
-func (s *Stmt) Query([]driver.Value) (driver.Rows, error) {
-	return nil, errors.New("pgxlanes/stdlib: Stmt.Query is deprecated and not implemented")
-}
-
-func (s *Stmt) ExecContext(ctx context.Context, argsV []driver.NamedValue) (driver.Result, error) {
-	return s.c.ExecContext(ctx, s.query, argsV)
-}
-
-func (s *Stmt) QueryContext(ctx context.Context, argsV []driver.NamedValue) (driver.Rows, error) {
-	return s.c.QueryContext(ctx, s.query, argsV)
 }
 
 func convertNamedArguments(args []any, argsV []driver.NamedValue) {

@@ -65,7 +65,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, c.err
 	}
 	conn := &Conn{pool: c.pool, defaults: c.defaults}
-	conn.checkOut(ctx)
+	conn.checkOut(ctx, takenBySQLConn())
 	return conn, nil
 }
 

@@ -7,8 +7,8 @@
 //
 // # Routing
 //
-// A database/sql connection of this package holds nothing between calls. Every call takes a
-// lease of the pool for its own duration, routed as the pool's own methods are:
+// A call of the *sql.DB (db.ExecContext, db.BeginTx, ...) takes a lease of the pool for its own
+// duration, routed as the pool's own methods are; a sql.Conn keeps one session (see Pinning):
 //   - a statement (ExecContext, QueryContext, QueryRowContext, PingContext) goes to Short, or to
 //     the lane its ctx names, or to Long's capacity if the pool learned it as slow; its slot is
 //     held until it returns, or for a query until its rows are closed;
@@ -29,35 +29,55 @@
 // # Pinning
 //
 // Session state across calls (SET, temporary tables, session advisory locks, LISTEN, a BEGIN
-// sent as SQL) needs one server session. A database/sql connection keeps one, a held connection
-// of the pool (Pool.Acquire), once a lane is named: by the ctx given to db.Conn (or to the call
-// that took the connection out of database/sql's pool), by a call's ctx, or for every connection
-// with OptionPinLane. From the first statement after that until database/sql takes the connection
-// back (sql.Conn.Close, the end of a db call, Rows.Close), every call runs on that session, and
-// a transaction begun on it runs inside it, on the pinned lane. A transaction begun before the
-// first statement takes a lease of its own on the named lane (Pool.BeginTx, with the lane's
-// transaction settings); the statements after it pin a session then.
+// sent as SQL, prepared statements) needs one server session, and database/sql promises one
+// connection for a sql.Conn. So a sql.Conn (db.Conn, and what calls it: sqlx's Connx, GORM's
+// Connection, the migration tools' locks) pins a held connection of the pool (Pool.Acquire) from
+// its first call until sql.Conn.Close, by default: on the Tx lane, or on the lane named by
+// db.Conn's ctx or by its first call's ctx. Every call of the sql.Conn runs on that session, and
+// a transaction begun on it (first or later) runs inside it, on the pinned lane, so the session
+// state, BEGIN sent as SQL and session advisory locks behave as with pgx's stdlib.
 //
-//	conn, err := db.Conn(pgxlanes.WithLane(ctx, pgxlanes.Tx)) // one session until conn.Close
+//	conn, err := db.Conn(ctx)                               // one session on Tx, from its first call to conn.Close
+//	conn, err := db.Conn(pgxlanes.WithLane(ctx, pgxlanes.Long)) // the same, on Long
 //
-// The trade-off: a sql.Conn whose ctx names no lane does not pin a session. Each of its
-// statements takes a Short lease of its own, so state set by one statement is not seen by the
-// next, a BEGIN sent as SQL is lost (the pool closes a session returned inside a transaction, and
-// the next statements autocommit), and a session advisory lock taken through it stays with a
-// session that went back to the pool. Name a lane for such code, or give it a *sql.DB of its own opened with OptionPinLane
-// (a migration tool, for instance). Naming a lane costs nothing until the first call: the
-// connection is acquired then.
+// The cost: a sql.Conn holds a lane slot and a server session from its first call until it is
+// closed, idle or not, as with pgx's stdlib; nothing is held before the first call. It is a held
+// connection of its lane, under the lane's budget (Tx: 30s, cancel): a sql.Conn kept open longer
+// than that, as a migration tool's may be, needs Long (or WithBudget on db.Conn's ctx). A
+// transaction begun inside the pinned session does not get the lane's transaction settings
+// (idle_in_transaction_session_timeout and the budget's backstops) as Pool.BeginTx gives them:
+// the pinned session has the lane's session settings.
 //
-// database/sql hands a connection that its background opener created (only when SetMaxOpenConns
-// is set and reached) to a waiting caller without showing the driver that caller's ctx; pinning
-// by db.Conn's ctx then waits for a call whose own ctx names the lane.
+// Calls of the *sql.DB itself (db.ExecContext, db.QueryContext, db.BeginTx, db.PrepareContext)
+// make no session promise and pin nothing: each takes a lease for its own duration, as the
+// Routing section says. When such a call's ctx names a lane, its connection pins a session of
+// that lane until database/sql takes the connection back (the end of the call, Rows.Close). With
+// OptionPinLane, a *sql.DB pins every connection on its lane, whatever the ctx: for code that
+// needs Long for every session (a migration tool that runs longer than Tx's budget), give it a
+// *sql.DB of its own opened with OptionPinLane(pgxlanes.Long).
+//
+// database/sql tells a driver nothing that separates a sql.Conn from a db call: the bridge sees
+// database/sql's DB.Conn on the stack when it takes the connection out (a walk of a few frames
+// per checkout, each return address's verdict cached: under 1% of a lookup's CPU). database/sql hands a connection that its background opener created (only when
+// SetMaxOpenConns is set and reached) to a waiting caller without calling the driver at all: a
+// sql.Conn that gets such a connection pins only if a lane is named (by its first call's ctx, or
+// OptionPinLane). Leave SetMaxOpenConns unset.
+//
+// sql.Conn.Raw gives the *Conn, whose Conn method returns the pinned session's *pgx.Conn with the
+// same line as pgx's stdlib (driverConn.(*stdlib.Conn).Conn()): see Conn.Conn for what it may be
+// used for.
 //
 // # Differences from pgx's stdlib
 //
-//   - PrepareContext does not prepare on the server: a statement has no session of its own to
-//     live in. pgx's statement cache prepares it on each server session that runs it, so the
-//     round trips are the same; a syntax error is reported when the statement first runs, and
-//     Stmt.NumInput is -1 (database/sql does not check the argument count).
+//   - PrepareContext prepares on the server only on a pinned session (a sql.Conn's, or a call
+//     whose ctx named a lane), as pgx's stdlib does, and the statements left open are deallocated
+//     when the session is released. db.PrepareContext and a transaction of db.BeginTx prepare
+//     nothing: the statement has no session of its own to live in. pgx's statement cache
+//     prepares it on each server session that runs it, so the round trips are the same; a syntax
+//     error is reported when the statement first runs, and Stmt.NumInput is -1 (database/sql does
+//     not check the argument count).
+//   - pgconn.Timeout(err) after a deadline depends on the pool's deadline handling (pgxlanes),
+//     not on this package.
 //   - A Rollback after the transaction's ctx ended (database/sql rolls back when it ends) runs on
 //     a ctx of its own, so the server session is kept instead of closed.
 //   - Values are converted to driver.Value exactly as pgx's stdlib converts them (the code is

@@ -35,8 +35,9 @@ func ExampleOpenDBFromPool() {
 	_, _ = tx.ExecContext(ctx, "update users set seen = now() where id = $1", 42)
 	_ = tx.Commit()
 
-	// Session state across statements: name a lane, and the sql.Conn keeps one session.
-	conn, err := db.Conn(pgxlanes.WithLane(ctx, pgxlanes.Tx))
+	// Session state across statements: a sql.Conn is one session (on Tx, or the lane its ctx
+	// names) from its first call until Close.
+	conn, err := db.Conn(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,13 +68,18 @@ type Rows struct {
 	skipNext     bool
 	skipNextMore bool
 	columnNames  []string
+	// fds are the rows' field descriptions, copied while the lease is surely held: pgconn reuses
+	// its own for the connection's next statement, and database/sql asks for the columns after
+	// the rows were read to the end (an empty result ends, and releases its lease, in newRows).
+	fds []pgconn.FieldDescription
 }
 
 // newRows resolves the column types while the lease is surely held, and reads the first row so
 // that an error of the statement is returned by QueryContext.
 func newRows(rows pgx.Rows) (*Rows, error) {
 	r := &Rows{rows: rows, skipNext: true}
-	fds := rows.FieldDescriptions()
+	fds := slices.Clone(rows.FieldDescriptions())
+	r.fds = fds
 	if conn := rows.Conn(); conn != nil && len(fds) > 0 {
 		m := conn.TypeMap()
 		r.types = make([]*pgtype.Type, len(fds))
@@ -91,7 +97,7 @@ func newRows(rows pgx.Rows) (*Rows, error) {
 
 func (r *Rows) Columns() []string {
 	if r.columnNames == nil {
-		fields := r.rows.FieldDescriptions()
+		fields := r.fds
 		r.columnNames = make([]string, len(fields))
 		for i, fd := range fields {
 			r.columnNames[i] = fd.Name
@@ -106,7 +112,7 @@ func (r *Rows) ColumnTypeDatabaseTypeName(index int) string {
 	if index < len(r.types) && r.types[index] != nil {
 		return strings.ToUpper(r.types[index].Name)
 	}
-	return strconv.FormatInt(int64(r.rows.FieldDescriptions()[index].DataTypeOID), 10)
+	return strconv.FormatInt(int64(r.fds[index].DataTypeOID), 10)
 }
 
 const varHeaderSize = 4
@@ -114,7 +120,7 @@ const varHeaderSize = 4
 // ColumnTypeLength returns the length of the column type if the column is a variable length
 // type. If the column is not a variable length type ok should return false.
 func (r *Rows) ColumnTypeLength(index int) (int64, bool) {
-	fd := r.rows.FieldDescriptions()[index]
+	fd := r.fds[index]
 	switch fd.DataTypeOID {
 	case pgtype.TextOID, pgtype.ByteaOID:
 		return math.MaxInt64, true
@@ -130,7 +136,7 @@ func (r *Rows) ColumnTypeLength(index int) (int64, bool) {
 // ColumnTypePrecisionScale returns the precision and scale of a numeric column. If not
 // applicable, ok is false.
 func (r *Rows) ColumnTypePrecisionScale(index int) (precision, scale int64, ok bool) {
-	fd := r.rows.FieldDescriptions()[index]
+	fd := r.fds[index]
 	switch fd.DataTypeOID {
 	case pgtype.NumericOID:
 		mod := fd.TypeModifier - varHeaderSize
@@ -142,7 +148,7 @@ func (r *Rows) ColumnTypePrecisionScale(index int) (precision, scale int64, ok b
 
 // ColumnTypeScanType returns the value type that can be used to scan types into.
 func (r *Rows) ColumnTypeScanType(index int) reflect.Type {
-	switch r.rows.FieldDescriptions()[index].DataTypeOID {
+	switch r.fds[index].DataTypeOID {
 	case pgtype.Float8OID:
 		return reflect.TypeFor[float64]()
 	case pgtype.Float4OID:
@@ -204,7 +210,7 @@ func (r *Rows) Next(dest []driver.Value) error {
 // initValueFuncs prepares the database/sql representation of each column, as pgx's stdlib does.
 func (r *Rows) initValueFuncs() {
 	m := r.rows.Conn().TypeMap()
-	fds := r.rows.FieldDescriptions()
+	fds := r.fds
 	r.valueFuncs = make([]rowValueFunc, len(fds))
 	for i, fd := range fds {
 		switch fd.DataTypeOID {

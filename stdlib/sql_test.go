@@ -198,8 +198,9 @@ func TestIdleConnectionsHoldNothing(t *testing.T) {
 	assert.Equal(t, int32(0), pool.Stat().AcquiredConns(), "nor a pgxpool connection")
 }
 
-// A sql.Conn keeps one server session once a lane is named (db.Conn's ctx, a statement's ctx),
-// until it is closed; without one it holds nothing between statements.
+// A sql.Conn keeps one server session from its first call until it is closed: on Tx, or on the
+// lane that db.Conn's ctx or its first call's ctx names. A db call holds a session only for its
+// own duration.
 func TestPinning(t *testing.T) {
 	ctx := context.Background()
 	pool, db := open(t, "pool_max_conns=8")
@@ -214,10 +215,12 @@ func TestPinning(t *testing.T) {
 	t.Run("unannotated", func(t *testing.T) {
 		conn, err := db.Conn(ctx)
 		require.NoError(t, err)
-		defer conn.Close()
-		_, err = conn.ExecContext(ctx, "select 1")
-		require.NoError(t, err)
-		assert.Equal(t, [3]int{}, inUse(pool), "nothing held between statements")
+		assert.Equal(t, [3]int{}, inUse(pool), "nothing held before the first call")
+		first := pid(conn)
+		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool), "pinned on Tx between statements")
+		assert.Equal(t, first, pid(conn))
+		require.NoError(t, conn.Close())
+		assert.Equal(t, [3]int{}, inUse(pool), "Close released the pinned connection")
 	})
 
 	t.Run("db.Conn's ctx", func(t *testing.T) {
@@ -242,30 +245,46 @@ func TestPinning(t *testing.T) {
 	})
 
 	t.Run("transaction first", func(t *testing.T) {
-		conn, err := db.Conn(pgxlanes.WithLane(ctx, pgxlanes.Tx))
+		conn, err := db.Conn(ctx)
 		require.NoError(t, err)
 		tx, err := conn.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool))
+		first := pid(tx)
+		require.NoError(t, tx.Commit())
+		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool), "the session stays pinned after Commit")
+		assert.Equal(t, first, pid(conn), "the transaction ran inside the sql.Conn's session")
+		require.NoError(t, conn.Close())
+		assert.Equal(t, [3]int{}, inUse(pool))
+	})
+
+	t.Run("db.BeginTx", func(t *testing.T) {
+		tx, err := db.BeginTx(pgxlanes.WithLane(ctx, pgxlanes.Tx), nil)
 		require.NoError(t, err)
 		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool))
 		assert.NotEqual(t, "0", queryString(t, tx, ctx, "show idle_in_transaction_session_timeout"),
 			"a lease of its own, with the lane's transaction settings")
 		require.NoError(t, tx.Commit())
 		assert.Equal(t, [3]int{}, inUse(pool), "Commit released it")
-		pid(conn)
-		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool), "the next statement pinned a session")
-		require.NoError(t, conn.Close())
-		assert.Equal(t, [3]int{}, inUse(pool))
 	})
 
-	t.Run("statement's ctx", func(t *testing.T) {
+	t.Run("first call's ctx", func(t *testing.T) {
 		conn, err := db.Conn(ctx)
-		require.NoError(t, err)
-		_, err = conn.ExecContext(ctx, "select 1")
 		require.NoError(t, err)
 		var first int
 		require.NoError(t, conn.QueryRowContext(pgxlanes.WithLane(ctx, pgxlanes.Long), "select pg_backend_pid()").Scan(&first))
 		assert.Equal(t, [3]int{0, 0, 1}, inUse(pool), "pinned on Long")
 		assert.Equal(t, first, pid(conn), "later statements stay on the pinned session")
+		require.NoError(t, conn.Close())
+		assert.Equal(t, [3]int{}, inUse(pool))
+	})
+
+	t.Run("db.Conn's ctx names Long", func(t *testing.T) {
+		conn, err := db.Conn(pgxlanes.WithLane(ctx, pgxlanes.Long))
+		require.NoError(t, err)
+		first := pid(conn)
+		assert.Equal(t, [3]int{0, 0, 1}, inUse(pool), "pinned on Long")
+		assert.Equal(t, first, pid(conn))
 		require.NoError(t, conn.Close())
 		assert.Equal(t, [3]int{}, inUse(pool))
 	})

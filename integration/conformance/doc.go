@@ -21,4 +21,10 @@
 // stage fails if a test fails that is not listed, if a listed test passes (the list must stay
 // honest), if a listed test does not exist, or if a control test fails (then the environment is
 // broken, not pgxlanes).
+//
+// TestStdlibConformance does the same for pgx's database/sql tests (stdlib/sql_test.go): every
+// *sql.DB of stdlib.OpenDB comes from the bridge (github.com/pgxlanes/pgxlanes/stdlib over a
+// pgxlanes pool with the config's query exec mode and tracer), and the driver connection that
+// sql.Conn.Raw hands out is the bridge's *stdlib.Conn; its control is pgx's untouched stdlib
+// tests, and its allowlist allowlist_stdlib.txt.
 package conformance
