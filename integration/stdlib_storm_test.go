@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -64,22 +62,6 @@ func stormLoad(t *testing.T, hold, duration time.Duration,
 	}
 	wg.Wait()
 	return lat, failed.Load()
-}
-
-// medianRange returns the median of xs and its range.
-func medianRange(xs []float64) (med, lo, hi float64) {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2], s[0], s[len(s)-1]
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
 }
 
 // TestStdlibStormTail runs the open-loop storm through *pgxlanes.Pool directly and through the

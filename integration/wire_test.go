@@ -3,9 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -275,13 +273,4 @@ func slug(s string) string {
 		b = b[:len(b)-1]
 	}
 	return string(b)
-}
-
-// loadavg is the machine's load average, logged beside timing figures.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
