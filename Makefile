@@ -74,7 +74,7 @@ httpservice:
 # The randomized stress tests for longer than in `make test`, and the fault suite with each fault
 # repeated under load for $(STRESS) (integration/fault_test.go; docs/reliability.md).
 stress:
-	PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run Stress ./internal/reserve/...
+	PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run Stress ./reserve/...
 	cd integration && PGXLANES_STRESS=$(STRESS) $(GO) test -race -count=1 -timeout 60m -run 'Stress|Fault' .
 	$(MAKE) --no-print-directory fuzz FUZZTIME=$(STRESS)
 

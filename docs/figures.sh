@@ -85,7 +85,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
 	(cd integration && go test -run '^$' -bench 'Select1|AcquireRelease|BenchmarkTx$' -benchmem -count "$BENCHCOUNT" . &&
 		go test -run '^$' -bench 'OverLink' -benchmem -count "$BENCHCOUNT" -benchtime 300x . &&
 		go test -run '^$' -bench 'Deadline' -count "$BENCHCOUNT" -benchtime 100x . &&
-		cd .. && go test -run '^$' -bench 'AcquireRelease|Contended' -benchmem -count "$BENCHCOUNT" ./internal/reserve) >"$out/bench.txt" 2>&1 || true
+		cd .. && go test -run '^$' -bench 'AcquireRelease|Contended' -benchmem -count "$BENCHCOUNT" ./reserve) >"$out/bench.txt" 2>&1 || true
 	go run golang.org/x/perf/cmd/benchstat@latest -col /Impl "$out/bench.txt" || cat "$out/bench.txt"
 fi
 echo

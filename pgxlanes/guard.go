@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
-	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // terminateTimeout bounds one terminate: reaching the guard session, ending the backend and

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
-	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/reserve"
+	"github.com/pgxlanes/pgxlanes/txguard"
 	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 

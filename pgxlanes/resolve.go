@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // defaultCancelGrace is Config.CancelGrace's default.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // server is a PostgreSQL server the pool's lanes use: the primary, where every lane is unless

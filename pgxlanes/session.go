@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // resetSQL restores the session defaults after any of the settings below (internal/wire stages

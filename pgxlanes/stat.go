@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // LaneStat is a snapshot of one lane: its configuration, what it holds and who waits now, and

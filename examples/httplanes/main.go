@@ -26,7 +26,7 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // limiter is what each contender puts in front of the HTTP client.

@@ -43,7 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // DefaultBudget is Config.Budget's default: Vitess's transaction killer acts at 30 s.

@@ -18,7 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
-	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/txguard"
 	"github.com/pgxlanes/pgxlanes/txguard/pgxguard"
 )
 

@@ -1,4 +1,30 @@
-// Package reserve decides which caller may take one of a fixed number of slots.
+// Package reserve decides which caller may take one of a fixed number of slots: a semaphore
+// split into lanes, so that fast work never queues behind slow work that holds every slot. It
+// knows nothing of databases; pgxlanes puts it in front of connections, and examples/httplanes in
+// front of an HTTP client.
+//
+//	p, _ := reserve.New(reserve.Config{Size: 4, Lanes: []reserve.LaneConfig{
+//		{Name: "fast", Reserved: 1, Bounded: true, AcquireTimeout: time.Second},
+//		{Name: "slow"},
+//	}})
+//	fast, _ := p.Lane("fast")
+//	s, err := fast.Acquire(ctx) // ctx bounds the wait, as does the lane's AcquireTimeout
+//	if err != nil {
+//		return err // an *AcquireError: errors.Is ErrAcquireTimeout, ErrLaneFull, ErrClosed or ctx's error
+//	}
+//	defer s.Release()
+//
+// # The contract
+//
+// A lane marked Bounded may borrow every idle slot, other lanes' reserves included, because its
+// callers promise to give a slot back within a bounded time (a request under a timeout, a
+// statement under statement_timeout). The package cannot enforce that promise: a caller of a
+// bounded lane that holds a slot without bound takes a reserve from the lane it borrowed from.
+// Mark a lane Bounded only when its callers bound their hold time.
+//
+// AcquireTimeout earns its place beside the ctx: it is the lane's own bound on a wait, the same
+// for every caller whatever deadline its ctx carries, and its failure is ErrAcquireTimeout with
+// the lane's figures, not the caller's context error.
 //
 // # The model
 //

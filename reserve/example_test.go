@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // Four slots: short reserves one and may borrow; tx reserves two and may not take short's

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pgxlanes/pgxlanes/internal/txguard"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // owner prints what the guard decides; a real owner cancels a statement or terminates a session.

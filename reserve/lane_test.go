@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgxlanes/pgxlanes/internal/reserve"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 func TestLaneHandles(t *testing.T) {
