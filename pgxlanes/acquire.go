@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/puddle/v2"
 
-	"github.com/pgxlanes/pgxlanes/reserve"
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // route is where a call goes: the lane whose capacity it takes, the lane whose timeouts and

@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgxlanes/pgxlanes/internal/wire"
 	"github.com/pgxlanes/pgxlanes/reserve"
 	"github.com/pgxlanes/pgxlanes/txguard"
-	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
 // closeTimeout bounds the Terminate a destroyed connection sends; its socket is already closed,

@@ -14,10 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgxlanes/pgxlanes/reserve"
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
-	"github.com/pgxlanes/pgxlanes/txguard"
 	"github.com/pgxlanes/pgxlanes/internal/wire"
+	"github.com/pgxlanes/pgxlanes/reserve"
+	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
 // Pool is a connection pool split into lanes. It has the method set of *pgxpool.Pool, so it

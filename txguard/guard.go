@@ -14,6 +14,10 @@
 // Cost: Watch and Unwatch are O(log n) under one mutex and allocate nothing; there is no goroutine
 // per lease. The timer is re-armed only when a lease is due earlier than every other, so a stream
 // of short leases that end on time wakes the goroutine about once per budget, not once per lease.
+//
+// Subpackage pgxguard puts this guard on a plain *pgxpool.Pool, through pgxpool's acquire and
+// release tracers: the first step of a rollout that changes no pool (docs/migration.md). pgxlanes
+// uses it for its lanes' budgets.
 package txguard
 
 import (
