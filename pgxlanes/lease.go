@@ -81,7 +81,9 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	conn := pc.Conn()
 	w, _ := conn.PgConn().Conn().(*wire.Conn)
 	srv := p.lanes[rt.lane].srv
-	l := &lease{p: p, srv: srv, pc: pc, conn: conn, w: w, slot: slot, rt: rt, kind: kind, pid: conn.PgConn().PID(), fleetSlot: fleetSlot}
+	l := newLeaseValue()
+	l.p, l.srv, l.pc, l.conn, l.w, l.slot = p, srv, pc, conn, w, slot
+	l.rt, l.kind, l.pid, l.fleetSlot = rt, kind, conn.PgConn().PID(), fleetSlot
 	srv.leased.Add(1)
 	set := &p.lanes[rt.set]
 	l.budget, l.action = on(set.cfg.Budget), set.cfg.OverBudget
@@ -181,16 +183,8 @@ func (l *lease) end(how endHow) *pgx.Conn {
 	if how == endReturn {
 		cleaning := &p.lanes[l.rt.lane].counts.cleaning
 		cleaning.Add(1)
-		if l.w.OnClean(func(ok bool) {
-			// The drain's callback: releasing -> ended.
-			cleaning.Add(-1)
-			if ok {
-				l.end(endCleaned)
-			} else {
-				l.end(endDestroy)
-			}
-		}) {
-			return nil
+		if l.w.OnClean(l) {
+			return nil // Cleaned ends the lease when the drain does
 		}
 		cleaning.Add(-1)
 	}
@@ -250,6 +244,16 @@ func (l *lease) end(how endHow) *pgx.Conn {
 			Flagged: flagged, CallSite: l.callSite.String()})
 	}
 	return hijacked
+}
+
+// Cleaned is the drain's callback (wire.Cleaner): releasing -> ended, once the connection is clean.
+func (l *lease) Cleaned(ok bool) {
+	l.p.lanes[l.rt.lane].counts.cleaning.Add(-1)
+	if ok {
+		l.end(endCleaned)
+	} else {
+		l.end(endDestroy)
+	}
 }
 
 // closeConn closes the connection of a lease whose owner is done with it: the socket first, so

@@ -143,7 +143,7 @@ type Conn struct {
 	intr    error         // a pending interrupt's cause
 	cause   error         // cause of the last early end, until the next request
 	cleaned chan struct{} // closed when the current drain ends
-	onClean []func(ok bool)
+	onClean []Cleaner
 }
 
 // New wraps c, which carries the protocol in the clear (a TCP or Unix socket, or a *tls.Conn).
@@ -212,9 +212,16 @@ func (c *Conn) Draining() bool {
 	return c.st == stateDraining
 }
 
-// OnClean arranges for f to be called, on the drain's goroutine, when the current drain ends; ok
-// is false if the Conn broke. It returns false, and does not call f, if no drain is under way.
-func (c *Conn) OnClean(f func(ok bool)) bool {
+// Cleaner is told, on the drain's goroutine, that the drain it waited for ended; ok is false if
+// the Conn broke. An interface rather than a func, so that a caller can pass itself without
+// allocating a closure on every release.
+type Cleaner interface {
+	Cleaned(ok bool)
+}
+
+// OnClean arranges for f.Cleaned to be called, on the drain's goroutine, when the current drain
+// ends. It returns false, and does not call f, if no drain is under way.
+func (c *Conn) OnClean(f Cleaner) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.st != stateDraining {

@@ -195,7 +195,7 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 	c.onClean = nil
 	c.mu.Unlock()
 	for _, f := range fs {
-		f(clean)
+		f.Cleaned(clean)
 	}
 }
 
