@@ -89,7 +89,7 @@ type lease struct {
 // settings the lease needs and starts watching its budget.
 func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind callKind, sql string, fleetSlot int32) *lease {
 	conn := pc.Conn()
-	w, _ := conn.PgConn().Conn().(*wire.Conn)
+	w := wireOf(conn.PgConn())
 	srv := p.lanes[rt.lane].srv
 	l := &lease{p: p, srv: srv, pc: pc, conn: conn, w: w, slot: slot, rt: rt, kind: kind, pid: conn.PgConn().PID(), fleetSlot: fleetSlot}
 	srv.leased.Add(1)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"reflect"
 	"sync"
 	"time"
@@ -136,7 +135,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	if srv.res, err = reserve.New(cfg.reserveConfig(lanes, int(base.MaxConns))); err != nil {
 		return fromReserveConfig(err)
 	}
-	srv.term = newTerminator(base.ConnConfig, p.obs.logger)
+	srv.term = newTerminator(base, p.obs.logger)
 	if srv.pool, err = pgxpool.NewWithConfig(ctx, p.pgxpoolConfig(base, srv)); err != nil {
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
@@ -169,34 +168,18 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 	if cfg.TransactionPooler {
 		opts.Settle = 100 * time.Millisecond // a pooler may acknowledge a cancel before it forwards it
 	}
-	userAfterNet := cc.AfterNetConnect
-	cc.AfterNetConnect = func(ctx context.Context, c *pgconn.Config, conn net.Conn) (net.Conn, error) {
-		if userAfterNet != nil {
-			var err error
-			if conn, err = userAfterNet(ctx, c, conn); err != nil {
-				return nil, err
+	// A wire.Conn in the path of every connection of the pool (wirehook.go), installed on
+	// pgxpool's copy of the ConnConfig after the user's BeforeConnect, so that whatever that hook
+	// sets is kept.
+	userBeforeConnect := pc.BeforeConnect
+	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if userBeforeConnect != nil {
+			if err := userBeforeConnect(ctx, cc); err != nil {
+				return err
 			}
 		}
-		return wire.New(conn, opts), nil
-	}
-	// A context that ends returns the caller at once with the connection kept (internal/wire).
-	// A handler the user set is kept instead; then deadlines behave as that handler decides.
-	userHandler := cc.BuildContextWatcherHandler
-	if isDefaultHandler(userHandler) {
-		userHandler = nil
-	}
-	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		w, ok := c.Conn().(*wire.Conn)
-		if ok {
-			w.SetCancel(c.CancelRequest)
-		}
-		switch {
-		case userHandler != nil:
-			return userHandler(c)
-		case !ok:
-			return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
-		}
-		return w
+		installWire(cc, opts)
+		return nil
 	}
 	if t, ok := cc.Tracer.(pgxpool.AcquireTracer); ok {
 		// pgxlanes traces the whole acquire, lane wait included; the pgxpool under it must not

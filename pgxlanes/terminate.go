@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // guardTag starts every statement the pool runs for itself, so that it is recognisable in
@@ -28,7 +29,7 @@ const guardTag = "/* pgxlanes guard */ "
 // it (max_connections), terminates fail and are reported as failed; size max_connections for the
 // pools plus one guard session per pool (docs/scale-out.md).
 type terminator struct {
-	config *pgx.ConnConfig
+	base   *pgxpool.Config // the user's: the session opens as the pool's connections do (dial.go)
 	logger *slog.Logger
 
 	mu     sync.Mutex // serializes use of conn
@@ -39,16 +40,8 @@ type terminator struct {
 	wg     sync.WaitGroup
 }
 
-func newTerminator(cc *pgx.ConnConfig, logger *slog.Logger) *terminator {
-	c := cc.Copy()
-	c.Tracer = nil // the user's tracers see the user's statements only
-	c.RuntimeParams = map[string]string{"application_name": "pgxlanes guard"}
-	for k, v := range cc.RuntimeParams {
-		if k != "statement_timeout" && k != "lock_timeout" && k != "application_name" {
-			c.RuntimeParams[k] = v
-		}
-	}
-	return &terminator{config: c, logger: logger}
+func newTerminator(base *pgxpool.Config, logger *slog.Logger) *terminator {
+	return &terminator{base: base.Copy(), logger: logger}
 }
 
 // warm opens the guard session in the background, once.
@@ -104,7 +97,7 @@ func (t *terminator) connectLocked(ctx context.Context) error {
 	if t.conn != nil && !t.conn.IsClosed() {
 		return nil
 	}
-	c, err := pgx.ConnectConfig(ctx, t.config)
+	c, err := openSideSession(ctx, t.base, "pgxlanes guard")
 	if err != nil {
 		return fmt.Errorf("opening the guard session: %w", err)
 	}

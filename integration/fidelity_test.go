@@ -1,0 +1,295 @@
+package integration
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
+)
+
+// This file tests what pgxlanes keeps of pgx beneath it, against a server set up as real services
+// are: TLS with a CA made at run time, SCRAM-only hostssl pg_hba, a login role whose password is a
+// token that changes. Each comparison runs plain pgxpool beside pgxlanes.
+
+// tlsServer starts a server with TLS and SCRAM over TLS only, for one test.
+func tlsServer(t *testing.T) *pgserver.Server {
+	t.Helper()
+	return pgserver.NewLocal(t, pgserver.Options{TLS: true, HostSSLOnly: true, MaxConnections: 60})
+}
+
+// setParam returns the URL dsn with the query parameter name set to v.
+func setParam(t *testing.T, dsn, name, v string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set(name, v)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// bothPools opens pgxpool and pgxlanes on dsn and runs one statement on each; it returns the two
+// errors, which the caller compares.
+func bothPools(t *testing.T, dsn string, opt func(*pgxpool.Config)) (pgxpoolErr, lanesErr error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pc, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	if opt != nil {
+		opt(pc)
+	}
+	pp, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	defer pp.Close()
+	var one int
+	pgxpoolErr = pp.QueryRow(ctx, "select 1").Scan(&one)
+
+	lc, err := pgxlanes.ParseConfig(dsn)
+	require.NoError(t, err)
+	if opt != nil {
+		opt(lc.Config)
+	}
+	lp, err := pgxlanes.NewWithConfig(ctx, lc)
+	require.NoError(t, err)
+	defer lp.Close()
+	lanesErr = lp.QueryRow(ctx, "select 1").Scan(&one)
+	return pgxpoolErr, lanesErr
+}
+
+// TestChannelBindingRequire: channel_binding=require connects through pgxlanes as through
+// pgxpool, for the lanes' connections and the guard session, over TLS with SCRAM. pgxlanes used to
+// fail it: its wrapper hid the *tls.Conn that pgconn binds the login to.
+func TestChannelBindingRequire(t *testing.T) {
+	s := tlsServer(t)
+	dsn := setParam(t, s.DSN(), "channel_binding", "require")
+	perr, lerr := bothPools(t, dsn, nil)
+	require.NoError(t, perr, "pgxpool")
+	require.NoError(t, lerr, "pgxlanes")
+
+	// The guard's session binds too: a transaction over its budget is terminated through it.
+	p := newTerminatingPool(t, dsn, nil)
+	assertGuardTerminates(t, p)
+	var guardTLS bool
+	require.NoError(t, p.QueryRow(context.Background(), `select bool_and(s.ssl) from pg_stat_activity a join pg_stat_ssl s using (pid)
+		where a.application_name = 'pgxlanes guard'`).Scan(&guardTLS))
+	assert.True(t, guardTLS, "the guard session is over TLS")
+}
+
+// violations collects a pool's budget violations.
+type guardViolations struct {
+	mu sync.Mutex
+	v  []pgxlanes.Violation
+}
+
+func (vs *guardViolations) add(v pgxlanes.Violation) {
+	vs.mu.Lock()
+	vs.v = append(vs.v, v)
+	vs.mu.Unlock()
+}
+
+func (vs *guardViolations) terminates() []pgxlanes.Violation {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	var out []pgxlanes.Violation
+	for _, v := range vs.v {
+		if v.Action == pgxlanes.ActionTerminate {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// newTerminatingPool opens a pgxlanes pool on dsn whose Tx lane terminates a transaction held
+// past 300ms; mod may change its configuration.
+func newTerminatingPool(t *testing.T, dsn string, mod func(*pgxlanes.Config)) *terminatingPool {
+	t.Helper()
+	cfg, err := pgxlanes.ParseConfig(withParams(dsn, "pool_max_conns=4&lane_tx_budget=300ms&lane_tx_over_budget=terminate"))
+	require.NoError(t, err)
+	tp := &terminatingPool{}
+	cfg.OnViolation = tp.vs.add
+	if mod != nil {
+		mod(cfg)
+	}
+	tp.Pool, err = pgxlanes.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(tp.Close)
+	return tp
+}
+
+type terminatingPool struct {
+	*pgxlanes.Pool
+	vs guardViolations
+}
+
+// assertGuardTerminates holds a transaction idle past its budget and checks that the guard
+// terminated it, verified (Violation.Err nil): the guard session opened and worked.
+func assertGuardTerminates(t *testing.T, p *terminatingPool) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := p.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "select 1")
+	require.NoError(t, err)
+	pgserver.Eventually(t, 10*time.Second, "the guard acted on the transaction", func() bool { return len(p.vs.terminates()) > 0 })
+	_ = tx.Rollback(ctx)
+	term := p.vs.terminates()
+	require.Len(t, term, 1)
+	assert.NoError(t, term[0].Err, "the terminate went through the guard session")
+}
+
+// interceptor is a TLS interceptor between a client and the server: it answers the client's
+// SSLRequest with a certificate of its own (another CA's), opens its own TLS session to the
+// server, and relays the plaintext. A client that does not verify the server (sslmode=require)
+// cannot tell, unless SCRAM binds the login to the TLS session: then the server refuses it.
+type interceptor struct {
+	ln      net.Listener
+	cert    tls.Certificate
+	server  string
+	wg      sync.WaitGroup
+	relayed sync.Map // client addresses whose login got through
+}
+
+func newInterceptor(t *testing.T, server string) *interceptor {
+	t.Helper()
+	ca, err := pgserver.NewCA("interceptor")
+	require.NoError(t, err)
+	cert, err := ca.Certificate("127.0.0.1")
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ic := &interceptor{ln: ln, cert: cert, server: server}
+	ic.wg.Add(1)
+	go ic.serve()
+	t.Cleanup(func() {
+		ln.Close()
+		ic.wg.Wait()
+	})
+	return ic
+}
+
+func (ic *interceptor) addr() string { return ic.ln.Addr().String() }
+
+func (ic *interceptor) serve() {
+	defer ic.wg.Done()
+	for {
+		c, err := ic.ln.Accept()
+		if err != nil {
+			return
+		}
+		ic.wg.Add(1)
+		go func() {
+			defer ic.wg.Done()
+			ic.relay(c)
+		}()
+	}
+}
+
+// sslRequest is the SSLRequest message.
+var sslRequest = []byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}
+
+func (ic *interceptor) relay(client net.Conn) {
+	defer client.Close()
+	req := make([]byte, 8)
+	if _, err := io.ReadFull(client, req); err != nil || binary.BigEndian.Uint32(req[4:]) != 80877103 {
+		return
+	}
+	if _, err := client.Write([]byte{'S'}); err != nil {
+		return
+	}
+	ctls := tls.Server(client, &tls.Config{Certificates: []tls.Certificate{ic.cert}})
+	if err := ctls.Handshake(); err != nil {
+		return
+	}
+	server, err := net.Dial("tcp", ic.server)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	if _, err := server.Write(sslRequest); err != nil {
+		return
+	}
+	resp := make([]byte, 1)
+	if _, err := io.ReadFull(server, resp); err != nil || resp[0] != 'S' {
+		return
+	}
+	stls := tls.Client(server, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // the interceptor trusts anything
+	if err := stls.Handshake(); err != nil {
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(stls, ctls); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(ctls, stls); done <- struct{}{} }()
+	<-done
+	client.Close()
+	server.Close()
+	<-done
+}
+
+// interceptedDSN is the server's DSN through the interceptor, with sslmode=require (encrypted,
+// not verified) and the given channel_binding.
+func interceptedDSN(t *testing.T, s *pgserver.Server, ic *interceptor, binding string) (dsn, server string) {
+	t.Helper()
+	u, err := url.Parse(s.DSN())
+	require.NoError(t, err)
+	server = u.Host
+	u.Host = ic.addr()
+	q := u.Query()
+	q.Del("sslrootcert")
+	q.Set("sslmode", "require")
+	if binding != "" {
+		q.Set("channel_binding", binding)
+	}
+	u.RawQuery = q.Encode()
+	return u.String(), server
+}
+
+// TestTLSInterceptorRefused: a TLS interceptor presenting its own certificate to a client with
+// sslmode=require and the default channel_binding=prefer is refused by the server's SCRAM channel
+// binding check, through pgxlanes as through pgxpool. With channel_binding=disable both get
+// through, which shows the interceptor works. pgxlanes used to be accepted with prefer, and then
+// sent every query through the interceptor.
+func TestTLSInterceptorRefused(t *testing.T) {
+	s := tlsServer(t)
+	u, err := url.Parse(s.DSN())
+	require.NoError(t, err)
+	ic := newInterceptor(t, u.Host)
+
+	for _, tc := range []struct {
+		binding string
+		refused bool
+	}{{"", true}, {"prefer", true}, {"require", true}, {"disable", false}} {
+		t.Run("channel_binding="+tc.binding, func(t *testing.T) {
+			dsn, _ := interceptedDSN(t, s, ic, tc.binding)
+			perr, lerr := bothPools(t, dsn, func(c *pgxpool.Config) { c.ConnConfig.ConnectTimeout = 5 * time.Second })
+			t.Logf("pgxpool: %v", perr)
+			t.Logf("pgxlanes: %v", lerr)
+			if !tc.refused {
+				require.NoError(t, perr, "pgxpool through the interceptor")
+				require.NoError(t, lerr, "pgxlanes through the interceptor")
+				return
+			}
+			require.Error(t, perr, "pgxpool must be refused")
+			require.Error(t, lerr, "pgxlanes must be refused as pgxpool is")
+			if tc.binding != "require" {
+				for _, err := range []error{perr, lerr} {
+					assert.True(t, strings.Contains(err.Error(), "channel binding") && strings.Contains(err.Error(), "28000"),
+						"refused by the server's binding check: %v", err)
+				}
+			}
+		})
+	}
+}
