@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -290,6 +291,63 @@ func TestTLSInterceptorRefused(t *testing.T) {
 						"refused by the server's binding check: %v", err)
 				}
 			}
+		})
+	}
+}
+
+// TestTLSLanesKeepTheirFeatures: over TLS with channel binding, where the wire.Conn sits beside
+// pgconn's *tls.Conn, the lanes still stage their settings without a round trip and a deadline
+// still returns at once with the connection kept; in every exec mode, batches included.
+func TestTLSLanesKeepTheirFeatures(t *testing.T) {
+	s := tlsServer(t)
+	dsn := setParam(t, s.DSN(), "channel_binding", "require")
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			p := newLanes(t, dsn, "pool_max_conns=1&default_query_exec_mode="+mode)
+			show := func(q interface {
+				QueryRow(context.Context, string, ...any) pgx.Row
+			}) string {
+				var v string
+				require.NoError(t, q.QueryRow(ctx, "show statement_timeout").Scan(&v))
+				return v
+			}
+			batchOn := func(q interface {
+				SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+			}) string {
+				b := &pgx.Batch{}
+				var v string
+				b.Queue("show statement_timeout").QueryRow(func(r pgx.Row) error { return r.Scan(&v) })
+				require.NoError(t, q.SendBatch(ctx, b).Close())
+				return v
+			}
+			batchShow := func() string { return batchOn(p) }
+			assert.Equal(t, "5s", show(p), "Short")
+			tx, err := p.Begin(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "30s", show(tx), "Tx")
+			require.NoError(t, tx.Commit(ctx))
+			assert.Equal(t, "5s", batchShow(), "a Short batch after a transaction")
+			c, err := p.Acquire(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "30s", batchOn(c), "a held connection's first statement, a batch")
+			assert.Equal(t, "30s", show(c), "held")
+			pid := c.Conn().PgConn().PID()
+			c.Release()
+			assert.Equal(t, "5s", batchShow(), "a Short batch after a held connection")
+
+			// A deadline returns at once; the connection is cleaned and kept.
+			dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			start := time.Now()
+			_, err = p.Exec(dctx, "select pg_sleep(3)")
+			cancel()
+			took := time.Since(start)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			assert.Less(t, took, time.Second, "the deadline returned at once")
+			var pid2 uint32
+			require.NoError(t, p.QueryRow(ctx, "select pg_backend_pid()").Scan(&pid2))
+			assert.Equal(t, pid, pid2, "the connection was kept")
+			assert.Equal(t, "5s", show(p))
 		})
 	}
 }

@@ -119,3 +119,16 @@ func installWire(cc *pgx.ConnConfig, opts wire.Options) {
 		return w
 	}
 }
+
+// flushForExecBatch sends the settings staged on lease l's wire.Conn now, before a batch that
+// pgconn will write past it: in QueryExecModeExec, pgconn.ExecBatch writes a batch straight to its
+// connection, so where the wire.Conn sits beside a *tls.Conn the settings would not go before the
+// batch. An empty query carries them: one round trip, in this case alone (a TLS connection with
+// channel binding, QueryExecModeExec, settings to change). ctx bounds it.
+func flushForExecBatch(ctx context.Context, l *lease) error {
+	if l.w == nil || l.p.config.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeExec ||
+		l.conn.PgConn().Conn() == net.Conn(l.w) || !l.w.Pending() {
+		return nil
+	}
+	return l.conn.PgConn().Exec(ctx, "").Close()
+}
