@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"strings"
@@ -350,4 +351,74 @@ func TestTLSLanesKeepTheirFeatures(t *testing.T) {
 			assert.Equal(t, "5s", show(p))
 		})
 	}
+}
+
+// TestTokenLoginEverySession: a role whose password is a token that changes with every session
+// (as an AWS RDS IAM or Azure AD login is), supplied by pgxpool.Config.BeforeConnect. pgxpool and
+// the lanes connect; the guard session logs in the same way, so budget terminates, lock-holder
+// lookups and the Long lane's fleet slots work. The guard used to connect with the parsed
+// password alone and fail with 28P01.
+func TestTokenLoginEverySession(t *testing.T) {
+	ctx := context.Background()
+	s := pgserver.Shared(t)
+	dbDSN := newDB(t, 10)
+	tr, err := s.NewTokenRole(ctx, "tok_"+pgserver.RandomHex(4))
+	require.NoError(t, err)
+	admin, err := pgx.Connect(ctx, dbDSN)
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "grant all on items to "+pgx.Identifier{tr.Name()}.Sanitize())
+	require.NoError(t, err)
+
+	u, err := url.Parse(dbDSN)
+	require.NoError(t, err)
+	u.User = url.User(tr.Name()) // no password: only a fresh token logs in
+	dsn := u.String()
+	tokens := func(ctx context.Context, cc *pgx.ConnConfig) error {
+		tok, err := tr.Next(ctx)
+		cc.Password = tok
+		return err
+	}
+
+	// pgxpool, for comparison.
+	pc, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	pc.BeforeConnect = tokens
+	pp, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	defer pp.Close()
+	var one int
+	require.NoError(t, pp.QueryRow(ctx, "select 1").Scan(&one), "pgxpool")
+
+	logs := &logBuffer{}
+	p := newTerminatingPool(t, dsn+"&lane_short_lock_timeout=100ms&lane_long_fleet_max_conns=1", func(c *pgxlanes.Config) {
+		c.BeforeConnect = tokens
+		c.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	require.NoError(t, p.QueryRow(ctx, "select 1").Scan(&one), "pgxlanes Short")
+	_, err = p.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select 1")
+	require.NoError(t, err, "pgxlanes Long with a fleet slot: the guard session holds the fleet's locks")
+	assertGuardTerminates(t, p)
+
+	// A lock timeout names the holder, looked up over the guard session.
+	tx, err := p.Begin(pgxlanes.WithBudget(pgxlanes.WithTag(ctx, "checkout"), time.Minute))
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, "select v from items where id = 1 for update")
+	require.NoError(t, err)
+	_, err = p.Exec(ctx, "update items set v = 0 where id = 1")
+	require.Equal(t, "55P03", sqlState(err))
+	pgserver.Eventually(t, 5*time.Second, "a lock-holder log line naming the transaction", func() bool {
+		for _, r := range logs.records(t) {
+			if r["msg"] == "pgxlanes: lock timeout; likely holders" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, r := range logs.records(t) {
+		e, _ := r["error"].(string)
+		assert.NotContains(t, e, "28P01", "no failed login: %v", r)
+	}
+	t.Logf("tokens issued: %d", tr.Issued())
 }
