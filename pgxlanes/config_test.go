@@ -223,18 +223,21 @@ func TestSessionSQL(t *testing.T) {
 	c := resolved(t, "host=127.0.0.1 pool_max_conns=4 lane_tx_statement_timeout=1500ms lane_tx_lock_timeout=250us")
 	s := sessionSQL{defaults: c.Short}
 	// A held connection or statement of Tx: its timeouts, as session settings.
-	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1", s.session(c.Tx, false, 0))
+	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; reset idle_in_transaction_session_timeout", s.session(c.Tx, false, 0))
 	// A transaction also gets the budget's backstop: cancel at 30s, terminate at 60s, plus 3s.
 	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; set idle_in_transaction_session_timeout = 63000",
 		s.session(c.Tx, true, c.Tx.Budget))
 	// Short's timeouts are the session defaults: nothing for a statement; a transaction of
 	// Short gets only its budget's backstop (cancel at 6s, terminate at 12s, plus 1s).
 	assert.Equal(t, "", s.session(c.Short, false, 0))
-	assert.Equal(t, "set idle_in_transaction_session_timeout = 13000", s.session(c.Short, true, c.Short.Budget))
+	assert.Equal(t, "set idle_in_transaction_session_timeout = 13000; reset statement_timeout; reset lock_timeout", s.session(c.Short, true, c.Short.Budget))
 	// A per-call budget changes the backstops; the Long lane's flag action has none.
 	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; set idle_in_transaction_session_timeout = 5000",
 		s.session(c.Tx, true, 2*time.Second))
-	assert.Equal(t, "set statement_timeout = 0; set lock_timeout = 30000", s.session(c.Long, true, time.Hour))
+	assert.Equal(t, "set statement_timeout = 0; set lock_timeout = 30000; reset idle_in_transaction_session_timeout", s.session(c.Long, true, time.Hour))
+	// Against PostgreSQL's defaults (nobody set a timeout), Short sets its own.
+	d := sessionSQL{defaults: LaneConfig{StatementTimeout: Off, LockTimeout: Off}}
+	assert.Equal(t, "set statement_timeout = 5000; set lock_timeout = 1000; reset idle_in_transaction_session_timeout", d.session(c.Short, false, 0))
 	// Behind a transaction pooler nothing goes on the session; transactions use SET LOCAL.
 	ps := sessionSQL{defaults: LaneConfig{StatementTimeout: Off, LockTimeout: Off}, pooler: true}
 	assert.Equal(t, "", ps.session(c.Tx, false, 0))

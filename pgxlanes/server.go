@@ -17,7 +17,8 @@ type server struct {
 	res     *reserve.Pool
 	term    *terminator
 	holders holders
-	sql     sessionSQL // the session defaults are those in this server's startup packet
+	sql     sessionSQL // against the values RESET restores, read at the first connect
+	learner sessionLearner
 
 	// open counts pgxpool's connections (AfterConnect to BeforeClose or hijack) and leased those
 	// handed to leases; open > leased means a connection is idle, so pgxpool will not dial.
