@@ -286,3 +286,26 @@ func TestRolloutDSN(t *testing.T) {
 	assert.Equal(t, time.Duration(Off), c.Tx.Budget)
 	assert.Equal(t, Off, c.Tx.MaxWaiters)
 }
+
+// TestErrorsNameTheParameter: a bad DSN value keeps pgx's reason, which names the parameter,
+// without the password; a reserve too large names the lane parameter the user wrote.
+func TestErrorsNameTheParameter(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"host=127.0.0.1 user=app password='S3cretPW' sslmode=bogus", "pgxlanes: connection string: failed to configure TLS (sslmode is invalid)"},
+		{"postgres://app:S3cretPW@127.0.0.1/db?sslmode=bogus", "pgxlanes: connection string: failed to configure TLS (sslmode is invalid)"},
+		{"host=127.0.0.1 password=S3cretPW target_session_attrs=bogus", "target_session_attrs"},
+		{"host=127.0.0.1 password=S3cretPW channel_binding=x", "channel_binding"},
+		{"postgres://app:S3cretPW@127.0.0.1/db?channel_binding=S3cretPW", "unknown channel_binding value: xxxxx"},
+	} {
+		_, err := ParseConfig(tc.dsn)
+		require.Error(t, err, tc.dsn)
+		assert.Contains(t, err.Error(), tc.want, tc.dsn)
+		assert.NotContains(t, err.Error(), "S3cretPW", tc.dsn)
+	}
+	c, err := ParseConfig("host=127.0.0.1 pool_max_conns=4 lane_short_reserved=20")
+	require.NoError(t, err)
+	_, err = c.resolve()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "short 20 from Reserved (lane_short_reserved)")
+	assert.Contains(t, err.Error(), "more than MaxConns (pool_max_conns) 4: lower lane_short_reserved, or raise MaxConns (pool_max_conns)")
+}
