@@ -108,13 +108,16 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 	return l, true
 }
 
-// poolCtx bounds pgxpool's step by what is left of the lane's acquire timeout. pgxpool waits
-// only to open a connection or to ping an idle one (the slots equal its MaxConns, so it never
-// queues behind another caller). A deadline context costs allocations and a timer, so it is made
-// only when that may happen: no connection looks idle, or the last lease ended long enough ago
-// that pgxpool may ping (it pings connections idle for over a second). In the rare race where
-// an idle connection is taken meanwhile, the dial is bounded by ConnConfig.ConnectTimeout, which
-// defaults to the longest acquire timeout.
+// poolCtx bounds pgxpool's step. pgxpool waits only to open a connection or to ping an idle one
+// (the slots equal its MaxConns, so it never queues behind another caller). Opening a connection
+// is not charged to the lane's acquire timeout, which bounds the wait behind other callers for a
+// slot: over a slow link TLS and SCRAM take several round trips, and a Short call must not fail
+// because its connection was still being opened (docs/design.md, "Opening connections"). The step
+// is bounded by ConnConfig.ConnectTimeout (by default the longest acquire timeout) or the lane's
+// acquire timeout, whichever is longer, counted from the start of the acquire, and by ctx. A
+// deadline context costs allocations and a timer, so it is made only when pgxpool may wait: no
+// connection looks idle, or the last lease ended long enough ago that pgxpool may ping (it pings
+// connections idle for over a second).
 func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.Context, context.CancelFunc) {
 	lr := &p.lanes[rt.lane]
 	t := on(lr.cfg.AcquireTimeout)
@@ -125,7 +128,7 @@ func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.
 	if srv.open.Load() > srv.leased.Load() && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond) {
 		return ctx, nil
 	}
-	deadline := start.Add(t)
+	deadline := start.Add(max(t, srv.connectTimeout))
 	if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
 		return ctx, nil
 	}

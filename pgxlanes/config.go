@@ -50,9 +50,12 @@ type LaneConfig struct {
 	// 32 × MaxConns: more cannot be served within an acquire timeout unless the work is far
 	// shorter than the timeout. Off: unbounded.
 	MaxWaiters int
-	// AcquireTimeout bounds the wait for a connection, including opening one
+	// AcquireTimeout bounds the wait for a lane slot behind other callers
 	// (lane_<lane>_acquire_timeout). A short query fails within a second instead of waiting
 	// behind a full pool; transactions may wait longer. Off: wait until the caller's ctx ends.
+	// Opening a connection for the call is not charged to it: that is bounded by
+	// ConnConfig.ConnectTimeout (default: the longest acquire timeout), so that a cold start or
+	// a recycled connection over a slow link does not fail a Short call.
 	AcquireTimeout time.Duration
 	// StatementTimeout is PostgreSQL's statement_timeout for the lane's statements
 	// (lane_<lane>_statement_timeout). The server enforces it, so a frozen client cannot keep a

@@ -154,7 +154,9 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		return fromReserveConfig(err)
 	}
 	srv.term = newTerminator(base, p.obs.logger)
-	if srv.pool, err = pgxpool.NewWithConfig(ctx, p.pgxpoolConfig(base, srv)); err != nil {
+	pc := p.pgxpoolConfig(base, srv)
+	srv.connectTimeout = pc.ConnConfig.ConnectTimeout
+	if srv.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.servers = append(p.servers, srv)
