@@ -162,7 +162,6 @@ type interceptor struct {
 	cert    tls.Certificate
 	server  string
 	wg      sync.WaitGroup
-	relayed sync.Map // client addresses whose login got through
 }
 
 func newInterceptor(t *testing.T, server string) *interceptor {
