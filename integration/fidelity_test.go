@@ -158,10 +158,10 @@ func assertGuardTerminates(t *testing.T, p *terminatingPool) {
 // server, and relays the plaintext. A client that does not verify the server (sslmode=require)
 // cannot tell, unless SCRAM binds the login to the TLS session: then the server refuses it.
 type interceptor struct {
-	ln      net.Listener
-	cert    tls.Certificate
-	server  string
-	wg      sync.WaitGroup
+	ln     net.Listener
+	cert   tls.Certificate
+	server string
+	wg     sync.WaitGroup
 }
 
 func newInterceptor(t *testing.T, server string) *interceptor {
