@@ -224,8 +224,10 @@ func (p *Pool) learnSession(ctx context.Context, srv *server, c *pgx.Conn) error
 		if lr.srv != srv {
 			continue
 		}
-		var note string
-		lr.cfg, note = effectiveTimeouts(l, lr.cfg, p.explicit, u)
+		// Only the fields read once a connection is leased are written: the acquire path reads
+		// the others (the acquire timeout) before any connection exists.
+		eff, note := effectiveTimeouts(l, lr.cfg, p.explicit, u)
+		lr.cfg.StatementTimeout, lr.cfg.LockTimeout, lr.cfg.Budget = eff.StatementTimeout, eff.LockTimeout, eff.Budget
 		if note != "" && u.stmt.source != "client" {
 			p.obs.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: "+note)
 		}
