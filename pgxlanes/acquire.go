@@ -112,13 +112,19 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 	return l, true
 }
 
-// poolCtx bounds pgxpool's step by what is left of the lane's acquire timeout. pgxpool waits
-// only to open a connection or to ping an idle one (the slots equal its MaxConns, so it never
-// queues behind another caller). A deadline context costs allocations and a timer, so it is made
-// only when that may happen: no connection looks idle, or the last lease ended long enough ago
-// that pgxpool may ping (it pings connections idle for over a second). In the rare race where
-// an idle connection is taken meanwhile, the dial is bounded by ConnConfig.ConnectTimeout, which
-// defaults to the longest acquire timeout.
+// poolCtx bounds pgxpool's step. pgxpool waits only to open a connection or to ping an idle one
+// (the slots equal its MaxConns, so it never queues behind another caller). Opening a connection
+// is not charged to the lane's acquire timeout, which bounds the wait behind other callers for a
+// slot: over a slow link TLS and SCRAM take several round trips, and a Short call must not fail
+// because its connection was still being opened (docs/design.md, "Opening connections"). When no
+// connection is idle, the step is bounded by ConnConfig.ConnectTimeout (by default the longest
+// acquire timeout) or the lane's acquire timeout, whichever is longer; when one is, pgxpool may
+// ping it, and the lane's acquire timeout bounds that, so that a frozen server does not hold the
+// caller. Both count from the start of the acquire; ctx bounds both. In the rare race where the
+// idle connection is taken meanwhile and pgxpool dials, the dial gets the lane's bound. A
+// deadline context costs allocations and a timer, so it is made only when pgxpool may wait: no
+// connection looks idle, or the last lease ended long enough ago that pgxpool may ping (it pings
+// connections idle for over a second).
 func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.Context, context.CancelFunc) {
 	lr := &p.lanes[rt.lane]
 	t := on(lr.cfg.AcquireTimeout)
@@ -126,10 +132,14 @@ func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.
 		return ctx, nil
 	}
 	srv := lr.srv
-	if srv.open.Load() > srv.leased.Load() && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond) {
+	idle := srv.open.Load() > srv.leased.Load()
+	if idle && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond) {
 		return ctx, nil
 	}
-	deadline := start.Add(t)
+	deadline := start.Add(t) // the ping of an idle connection: a frozen server must not hold the caller
+	if !idle {
+		deadline = start.Add(max(t, srv.connectTimeout)) // a dial
+	}
 	if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
 		return ctx, nil
 	}
