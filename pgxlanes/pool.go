@@ -30,11 +30,14 @@ type Pool struct {
 	lanes   [numLanes]laneRuntime
 	pooler  bool // Config.TransactionPooler
 
-	guard  *txguard.Guard
-	learn  *stmtstats.Table
-	fleet  *fleet // the Long lane's fleet-wide cap; nil for none
-	obs    observers
-	tracer pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
+	guard *txguard.Guard
+	learn *stmtstats.Table
+	prob  *probation // Short's tokens for unproven statements; nil without learning
+	// learnLog is the learner's log state (learn.go), written only under the Table's mutex.
+	learnLog learnLog
+	fleet    *fleet // the Long lane's fleet-wide cap; nil for none
+	obs      observers
+	tracer   pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
 
 	closeOnce sync.Once
 }
@@ -102,10 +105,10 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 			return nil, err
 		}
 	}
-	if t := cfg.Short.SlowThreshold; t > 0 {
-		if p.learn, err = stmtstats.New(stmtstats.Config{Threshold: t}); err != nil {
+	if cfg.Short.SlowThreshold > 0 {
+		if err := p.newLearner(cfg); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("pgxlanes: short lane: SlowThreshold (lane_short_slow_threshold): %w", err)
+			return nil, err
 		}
 	}
 	p.guard = txguard.New()

@@ -220,7 +220,7 @@ func skipBlockComment(s string, i int) int {
 	return len(s)
 }
 
-// skipString skips '...' with '' inside; after an E prefix, a backslash escapes the next byte.
+// skipString skips '...' with ” inside; after an E prefix, a backslash escapes the next byte.
 func skipString(s string, i int) int {
 	escapes := i > 0 && (s[i-1] == 'E' || s[i-1] == 'e') && (i == 1 || !isWord(s[i-2]))
 	i++

@@ -247,7 +247,9 @@ func (t *Table) OverranText(k Key, sql string) Change {
 // Done records that a run of the statement ended after d. If overran is true the run was
 // already counted by Overran and Done changes nothing, whatever d is; otherwise the run counts
 // as slow if d >= Threshold and as fast if not.
-func (t *Table) Done(k Key, d time.Duration, overran bool) Change { return t.DoneText(k, "", d, overran) }
+func (t *Table) Done(k Key, d time.Duration, overran bool) Change {
+	return t.DoneText(k, "", d, overran)
+}
 
 // DoneText is Done, with the statement's text for OnChange.
 func (t *Table) DoneText(k Key, sql string, d time.Duration, overran bool) Change {
