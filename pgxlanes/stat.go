@@ -106,6 +106,11 @@ type LearningStat struct {
 	Demotions  int64         // statements learned as slow, in all
 	Promotions int64         // demoted statements learned as fast again, in all
 	Tracked    int           // statements the pool keeps figures for (bounded)
+	Proven     int           // of Tracked, statements with a fast run on record, not demoted
+	// Probation is the number of Short slots that statements with no fast run on record may hold
+	// at once (half of Short's reserve, at least 1); ProbationInUse those held now.
+	Probation      int
+	ProbationInUse int
 }
 
 // Stat returns a snapshot of the pool's statistics.
@@ -136,7 +141,8 @@ func (p *Pool) Stat() *Stat {
 	if p.learn != nil {
 		ls := p.learn.Stat()
 		st.learn = LearningStat{Threshold: p.config.Short.SlowThreshold, Demoted: ls.Demoted,
-			Demotions: int64(ls.Demotions), Promotions: int64(ls.Promotions), Tracked: ls.Tracked}
+			Demotions: int64(ls.Demotions), Promotions: int64(ls.Promotions), Tracked: ls.Tracked, Proven: ls.Proven,
+			Probation: cap(p.prob.tokens), ProbationInUse: len(p.prob.tokens)}
 	}
 	return st
 }
