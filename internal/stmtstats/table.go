@@ -288,6 +288,9 @@ func (t *Table) observe(k Key, slow bool, sql string) Change {
 				return t.change(s, k, slow, sql, now)
 			}
 			nw, c = nw&^demotedBit|w&demotedBit, None // held back: the fraction moves, the class stays
+			if t.asSlowAsTheLane(w, slow) {
+				nw |= provenBit
+			}
 		}
 		if nw == w || s[i].CompareAndSwap(w, nw) {
 			return c
@@ -336,6 +339,21 @@ func (t *Table) allowed(w uint64, c Change, now int64) bool {
 	return t.relative(f & fracMask)
 }
 
+// asSlowAsTheLane reports whether a slow run of a statement not demoted was held back by the
+// relative rule itself (enough runs to compare, and the lane as slow as the statement): the
+// statement is then as good as proven, so that a saturated server does not keep its hottest
+// statement on probation.
+func (t *Table) asSlowAsTheLane(w uint64, slow bool) bool {
+	if !slow || w&demotedBit != 0 || t.relativeDisabledTest {
+		return false
+	}
+	if t.runs.Load()-t.prevRuns.Load() < t.minRunsForRelative {
+		return false
+	}
+	f, _ := next(w, true)
+	return !t.relative(f & fracMask)
+}
+
 // relative reports whether a statement whose fraction of slow runs is f stands out from the
 // runs of the last window or two.
 func (t *Table) relative(f uint64) bool {
@@ -364,6 +382,9 @@ func (t *Table) change(s *set, k Key, slow bool, sql string, now int64) Change {
 		nw, c := next(w, slow)
 		if c != None && !t.allowed(w, c, now) {
 			nw, c = nw&^demotedBit|w&demotedBit, None
+			if t.asSlowAsTheLane(w, slow) {
+				nw |= provenBit
+			}
 		}
 		if c != None {
 			nw = nw&^(atMask<<atShift) | (uint64(now/t.tickOr1())&atMask)<<atShift
@@ -428,6 +449,9 @@ func (t *Table) insert(s *set, k Key, slow bool, sql string) (bool, Change) {
 		nw, c := next(base, slow)
 		if c == Demoted && !t.allowed(base, c, now) {
 			nw, c = nw&^demotedBit, None
+			if t.asSlowAsTheLane(base, slow) {
+				nw |= provenBit
+			}
 		}
 		if c != None {
 			nw = nw&^(atMask<<atShift) | (uint64(now/t.tickOr1())&atMask)<<atShift
