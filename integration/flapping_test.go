@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,21 +31,17 @@ func (h countingHandler) WithGroup(string) slog.Handler      { return h }
 // TestSaturationDoesNotFlap: the whole server is slow, not one statement. A pool of 150 with 400
 // clients running `select 1` back to back saturates this 2-core machine, and a slow threshold of
 // 2 ms (scaled down from 1 s, as the machine is) makes most calls of `select 1` pass it. The
-// learner before issue 23 demoted and promoted such a statement hundreds of times in seconds.
-// What holds now: no demote/promote cycle shorter than MinPeriod (1 s here: at most one change a
-// second), changes alternate in the observers' order, at most one log line a second. NOT yet met:
-// issue 23's goal of 0 demotions. Here the hold times the learner sees are mostly under the
-// threshold (the wait is in the queue), and bursts of slow runs of the one hot statement pass the
-// relative rule; the figures are logged.
+// learner before issue 23 demoted and promoted such a statement over and over (458 times each in
+// 8 s in the issue's measurement). When every run is slow, none is "the slow one": `select 1` is
+// most of what Short runs, so the relative rule never demotes it: 0 demotions, 0 log lines.
+// Changes, had there been any, alternate, at most one per MinPeriod, at most one log line a second.
+// Failed calls are logged, not asserted: with 150 connections idle for over a second, pgxpool
+// pings each at its first use, and on the loaded machine some pings outlast the acquire timeout.
 func TestSaturationDoesNotFlap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 4 s saturation")
 	}
-	if os.Getenv("PGXLANES_SATURATION") == "" {
-		// Under -race on the shared 2-core machine, no run of select 1 completed in 4 s (18 Short
-		// slots held, 0 observations: not understood yet); without -race it runs (10,952 runs).
-		t.Skip("set PGXLANES_SATURATION=1: unfinished, see the comment above and issue 23's report")
-	}
+
 	bg := context.Background()
 	dsn := newDB(t, 1)
 	var lines atomic.Int64
@@ -57,7 +52,7 @@ func TestSaturationDoesNotFlap(t *testing.T) {
 	require.NoError(t, err)
 	defer p.Close()
 	// The connections are opened first: the saturation is the server's, not a dial storm.
-	require.Eventually(t, func() bool { return p.Stat().TotalConns() == 150 }, 60*time.Second, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return p.Stat().IdleConns() == 150 }, 120*time.Second, 50*time.Millisecond)
 	rec := &eventRecorder{}
 	p.AddObserver(rec)
 

@@ -53,6 +53,25 @@ func TestRelativeRule(t *testing.T) {
 		}
 		assert.Zero(t, tab.Stat().Demotions)
 	})
+	t.Run("the lane's hottest statement, slow in bursts: not demoted", func(t *testing.T) {
+		tab := newRel(t)
+		hot, other := tab.Key("select v from items where id = $1"), tab.Key("select name from users where id = $1")
+		play(tab, hot, strings100("f"))
+		for range 100 {
+			// Mostly fast, with a burst of overruns now and then (a stall of the whole server).
+			c, _ := play(tab, hot, "ffffffffffffffffff"+"ooo")
+			require.Empty(t, c)
+			play(tab, other, "ff")
+		}
+		assert.Zero(t, tab.Stat().Demotions)
+		// The same bursts from a statement that is a small share of the runs do demote it.
+		for range 50 {
+			play(tab, other, "ffffffffffffffffffff")
+		}
+		c, _ := play(tab, hot, "ooo")
+		// Its fraction was past 1/2 already (the last burst, held back): the first overrun demotes.
+		assert.Equal(t, []string{"0:demoted"}, c)
+	})
 	t.Run("too few runs to compare: held back", func(t *testing.T) {
 		tab := newRel(t)
 		changes, _ := play(tab, tab.Key("select pg_sleep(1.5)"), "O")

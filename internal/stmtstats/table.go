@@ -136,7 +136,10 @@ type Table struct {
 	// when the current window (cur) and the one before it (prev) began. Only roll, under mu,
 	// moves the marks; readers load them without it (a window read across a roll is off by
 	// at most one window's runs).
-	runs, slowRuns       atomic.Uint64
+	runs, slowRuns atomic.Uint64
+	// sample holds the keys (| 1, so that none is 0) of one run in sampleEvery, the last
+	// len(sample) of them: which statements Short runs most.
+	sample               [16]atomic.Uint64
 	winStart             atomic.Int64 // ns since epoch when the current window began
 	prevRuns, prevSlow   atomic.Uint64
 	curRuns, curSlow     atomic.Uint64
@@ -266,6 +269,9 @@ func (t *Table) observe(k Key, slow bool, sql string) Change {
 		t.slowRuns.Add(1)
 	}
 	var now int64 // read lazily: a fast run of a settled statement reads no clock
+	if r%sampleEvery == 0 {
+		t.sample[r/sampleEvery%uint64(len(t.sample))].Store(uint64(k) | 1)
+	}
 	if slow || r%64 == 0 {
 		now = t.now()
 		t.roll(now)
@@ -284,11 +290,11 @@ func (t *Table) observe(k Key, slow bool, sql string) Change {
 			if now == 0 {
 				now = t.now()
 			}
-			if t.allowed(w, c, now) {
+			if t.allowed(k, w, c, now) {
 				return t.change(s, k, slow, sql, now)
 			}
 			nw, c = nw&^demotedBit|w&demotedBit, None // held back: the fraction moves, the class stays
-			if t.asSlowAsTheLane(w, slow) {
+			if t.asSlowAsTheLane(k, w, slow) {
 				nw |= provenBit
 			}
 		}
@@ -325,7 +331,7 @@ func next(w uint64, slow bool) (uint64, Change) {
 // MinPeriod after the statement's last change, and, for a demotion, only when the statement is
 // slow relative to what Short runs: at least twice as often slow as all of the Table's runs in
 // the last window or two.
-func (t *Table) allowed(w uint64, c Change, now int64) bool {
+func (t *Table) allowed(k Key, w uint64, c Change, now int64) bool {
 	if t.tick > 0 && w&usedBit != 0 {
 		since := (uint64(now/t.tick) - (w>>atShift)&atMask) & atMask
 		if since < ticksPerPeriod {
@@ -336,14 +342,14 @@ func (t *Table) allowed(w uint64, c Change, now int64) bool {
 		return true
 	}
 	f, _ := next(w, true)
-	return t.relative(f & fracMask)
+	return t.relative(k, f&fracMask)
 }
 
 // asSlowAsTheLane reports whether a slow run of a statement not demoted was held back by the
 // relative rule itself (enough runs to compare, and the lane as slow as the statement): the
 // statement is then as good as proven, so that a saturated server does not keep its hottest
 // statement on probation.
-func (t *Table) asSlowAsTheLane(w uint64, slow bool) bool {
+func (t *Table) asSlowAsTheLane(k Key, w uint64, slow bool) bool {
 	if !slow || w&demotedBit != 0 || t.relativeDisabledTest {
 		return false
 	}
@@ -351,14 +357,18 @@ func (t *Table) asSlowAsTheLane(w uint64, slow bool) bool {
 		return false
 	}
 	f, _ := next(w, true)
-	return !t.relative(f & fracMask)
+	return !t.relative(k, f&fracMask)
 }
 
 // relative reports whether a statement whose fraction of slow runs is f stands out from the
-// runs of the last window or two.
-func (t *Table) relative(f uint64) bool {
+// runs of the last window or two: it is slow at least twice as often as they are, and it is not
+// the lane's hottest statement (at most half of the sampled recent runs are its own).
+func (t *Table) relative(k Key, f uint64) bool {
 	if t.relativeDisabledTest {
 		return true
+	}
+	if t.hot(k) {
+		return false
 	}
 	runs := t.runs.Load() - t.prevRuns.Load()
 	if runs < t.minRunsForRelative {
@@ -380,9 +390,9 @@ func (t *Table) change(s *set, k Key, slow bool, sql string, now int64) Change {
 			return None // evicted meanwhile; its next run starts again
 		}
 		nw, c := next(w, slow)
-		if c != None && !t.allowed(w, c, now) {
+		if c != None && !t.allowed(k, w, c, now) {
 			nw, c = nw&^demotedBit|w&demotedBit, None
-			if t.asSlowAsTheLane(w, slow) {
+			if t.asSlowAsTheLane(k, w, slow) {
 				nw |= provenBit
 			}
 		}
@@ -416,6 +426,27 @@ func (t *Table) tickOr1() int64 { return max(t.tick, 1) }
 
 func (t *Table) now() int64 { return max(int64(time.Since(t.epoch)), 1) }
 
+// sampleEvery: one run in this many is sampled into Table.sample.
+const sampleEvery = 16
+
+// hot reports whether at least half of the sampled recent runs are the statement's own, or fewer
+// than four runs were sampled yet (too early to tell): moving a lane's hottest statement to
+// Long's small capacity makes an overload worse, whatever its run times.
+func (t *Table) hot(k Key) bool {
+	n, mine := 0, 0
+	for i := range t.sample {
+		v := t.sample[i].Load()
+		if v == 0 {
+			continue
+		}
+		n++
+		if (v^uint64(k))>>tagShift == 0 {
+			mine++
+		}
+	}
+	return n < 4 || 2*mine >= n
+}
+
 // roll starts a new window when the current one is over.
 func (t *Table) roll(now int64) {
 	if now-t.winStart.Load() < t.window || !t.mu.TryLock() {
@@ -447,9 +478,9 @@ func (t *Table) insert(s *set, k Key, slow bool, sql string) (bool, Change) {
 		at := (uint64(now/t.tickOr1()) - ticksPerPeriod) & atMask
 		base := uint64(k)>>tagShift<<tagShift | usedBit | refBit | at<<atShift
 		nw, c := next(base, slow)
-		if c == Demoted && !t.allowed(base, c, now) {
+		if c == Demoted && !t.allowed(k, base, c, now) {
 			nw, c = nw&^demotedBit, None
-			if t.asSlowAsTheLane(base, slow) {
+			if t.asSlowAsTheLane(k, base, slow) {
 				nw |= provenBit
 			}
 		}
