@@ -35,7 +35,8 @@ type Pool struct {
 	prob  *probation // Short's tokens for unproven statements; nil without learning
 	// learnLog is the learner's log state (learn.go), written only under the Table's mutex.
 	learnLog learnLog
-	fleet    *fleet // the Long lane's fleet-wide cap; nil for none
+	holds    holdStats // the lanes' recent hold times (holdstats.go), an observer of the pool
+	fleet    *fleet    // the Long lane's fleet-wide cap; nil for none
 	obs      observers
 	tracer   pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
 
@@ -92,6 +93,7 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		p.obs.logger = slog.Default()
 	}
 	p.obs.onViolation = cfg.OnViolation
+	p.obs.add(&p.holds)
 	primary, remote := cfg.lanesOn()
 	if err := p.addServer(ctx, cfg.Config, primary, cfg.Short); err != nil {
 		return nil, err

@@ -45,6 +45,14 @@ type LaneStat struct {
 	BudgetCancels           int64 // leases over budget, cancelled
 	BudgetTerminates        int64 // leases over budget, terminated (verified)
 	BudgetTerminateFailures int64 // terminates that failed (the pool closed its socket instead)
+
+	// HoldP99 is the 99th percentile of the lane's hold times (a lease's acquire to its end) over
+	// the last one to two minutes, as the upper bound of a bucket about 19 % wide; 0 when no lease
+	// ended. AdvisedTimeout is the timeout the design notes advise for that work, 3 × HoldP99:
+	// compare it with the lane's Budget (and Short's StatementTimeout). A configured timeout below
+	// HoldP99 fires on legitimate work; one far above AdvisedTimeout protects nothing.
+	HoldP99        time.Duration
+	AdvisedTimeout time.Duration
 }
 
 // laneCounts are a lane's cumulative counts, kept with atomics.
@@ -133,6 +141,10 @@ func (p *Pool) Stat() *Stat {
 			Timeouts: c.timeouts.Load(), Rejections: c.rejections.Load(), Canceled: c.canceled.Load(), Errors: c.errors.Load(),
 			BudgetWarnings: c.warnings.Load(), BudgetFlags: c.flags.Load(), BudgetCancels: c.cancels.Load(),
 			BudgetTerminates: c.terminates.Load(), BudgetTerminateFailures: c.termFails.Load()}
+	}
+	for i := range numLanes {
+		p99, _ := p.holds.p99(Lane(i))
+		st.lanes[i].HoldP99, st.lanes[i].AdvisedTimeout = p99, advisedTimeout(p99)
 	}
 	if p.fleet != nil {
 		st.lanes[Long].FleetWaiting = int(p.fleet.waiting.Load())

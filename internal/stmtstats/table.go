@@ -125,7 +125,7 @@ type Table struct {
 	sets      []set
 	mask      uint64 // len(sets) - 1
 	tick      int64  // nanoseconds per tick of an entry's at field; 0: no MinPeriod
-	window    int64  // nanoseconds: the relative rule looks at the runs of the last one or two
+	window    int64  // nanoseconds, max(Threshold, 1s): the relative rule looks at the runs of the last one or two
 	onChange  func(Key, Change, string)
 	epoch     time.Time // ticks and windows count from here (monotonic)
 
@@ -178,7 +178,7 @@ func New(cfg Config) (*Table, error) {
 		seed:               maphash.MakeSeed(),
 		sets:               make([]set, n/ways),
 		mask:               uint64(n/ways - 1),
-		window:             int64(max(cfg.Threshold, 10*time.Millisecond)),
+		window:             int64(max(cfg.Threshold, time.Second)),
 		onChange:           cfg.OnChange,
 		epoch:              time.Now(),
 		minRunsForRelative: minRuns,
