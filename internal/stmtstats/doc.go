@@ -93,10 +93,11 @@
 //
 // A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB),
 // grouped in sets of eight, one cache line each. A statement lives only in the set its hash
-// selects. An entry holds 46 bits of the statement's hash (a tag), f in 15 bits of fixed
-// point, the demoted bit, a recently-used bit and an in-use bit. Two texts whose hashes agree
-// in the set index and the tag share an entry; with 46 tag bits that is about one chance in
-// 10¹³ per lookup. The hash is hash/maphash with a seed per Table.
+// selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
+// point, the time of its last change in 12 bits, the proven and demoted bits, a recently-used
+// bit and an in-use bit. Two folded texts whose hashes agree in the set index (9 bits by
+// default) and the tag share an entry: about one chance in 10¹¹ per lookup with the default
+// table. The hash is hash/maphash with a seed per Table, over the folded text.
 //
 // Every statement with a run on record occupies an entry (a proven one must be remembered to
 // leave probation). When the first run of a new statement finds its set full, it replaces, in

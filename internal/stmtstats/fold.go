@@ -73,7 +73,14 @@ func (sc *scanner) next() (kind int, text string, ok bool) {
 		case c == '"':
 			end, k = skipQuoted(s, sc.i, '"'), segText
 		default:
+			// A run of bytes that start nothing: the common case, in one tight loop.
 			end, k = sc.i+1, segText
+			// A single space between two such bytes is its own fold, and a dot before one starts no
+			// number: they stay in the run.
+			for end < len(s) && (special[s[end]] == 0 || special[s[end]] == 2 && isWord(s[end-1]) ||
+				(s[end] == ' ' || s[end] == '.') && end+1 < len(s) && special[s[end+1]] == 0) {
+				end++
+			}
 		}
 		if k == segText {
 			if sc.pendSp {
@@ -171,6 +178,19 @@ func unary(s string, i int) bool {
 	}
 	return j < 0 || !isWord(s[j]) && s[j] != ')' && s[j] != '\'' && s[j] != '"'
 }
+
+// special marks the bytes that may start something the scanner folds or skips: 1 always, 2 only
+// when not inside a name (digits, $).
+var special = func() (t [256]uint8) {
+	for _, c := range []byte(" \t\n\r\f\v-/'(\".+") {
+		t[c] = 1
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = 2
+	}
+	t['$'] = 2
+	return t
+}()
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 
