@@ -48,7 +48,10 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 		case stmtstats.Slow:
 			r.lane = Long
 		case stmtstats.Unproven:
-			r.probation = p.prob != nil
+			// A caller whose deadline comes before the threshold cannot hold a slot past it: its
+			// statement is cancelled first. It needs no probation.
+			d, ok := ctx.Deadline()
+			r.probation = p.prob != nil && !(ok && time.Until(d) < p.config.Short.SlowThreshold)
 		}
 	}
 	return r, nil

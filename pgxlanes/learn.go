@@ -16,8 +16,8 @@ import (
 // caught within about the threshold.
 //
 // Until a statement has a fast run on record it is on probation (probation.go): unproven
-// statements together hold at most half of Short's reserve, so that a new slow statement cannot
-// fill Short in the window before it is learned. Texts that differ only in literals are one
+// statements together hold at most Short's cap less its reserve, so that a new slow statement
+// cannot fill Short in the window before it is learned. Texts that differ only in literals are one
 // statement. Changes are logged at most once per logInterval; observers see every change, in
 // order.
 
@@ -38,7 +38,8 @@ func (p *Pool) newLearner(cfg *Config) error {
 	if err != nil {
 		return fmt.Errorf("pgxlanes: short lane: SlowThreshold (lane_short_slow_threshold): %w", err)
 	}
-	p.prob = newProbation(probationSize(p.lanes[Short].cfg.Reserved))
+	sc := &p.lanes[Short].cfg
+	p.prob = newProbation(probationSize(sc.MaxConns, sc.Reserved))
 	return nil
 }
 

@@ -22,10 +22,13 @@ type probation struct {
 	demoted atomic.Pointer[chan struct{}]
 }
 
-// probationSize is the number of Short slots unproven statements may hold at once: half of
-// Short's reserve, at least one. The other half of the reserve (and all of Short's borrowing
-// beyond the tokens) stays for statements proven fast.
-func probationSize(shortReserved int) int { return max(1, shortReserved/2) }
+// probationSize is the number of Short slots unproven statements may hold at once: Short's cap
+// less its reserve, at least one. When Short can reach its cap (Tx and Long within their
+// reserves), a reserve's worth of Short's slots stays for statements proven fast.
+func probationSize(shortMax, shortReserved int) int { return max(1, shortMax-shortReserved) }
+
+// probePoll is how often a waiter for a probation token looks again at its statement's class.
+const probePoll = 2 * time.Millisecond
 
 func newProbation(n int) *probation {
 	pr := &probation{tokens: make(chan struct{}, n)}
@@ -66,6 +69,11 @@ func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
 		defer timer.Stop()
 		timeout = timer.C
 	}
+	// A statement is proven by a run that ends fast, which sends no wake-up: the waiters look
+	// again every probePoll, so that a burst of a new fast statement does not queue behind its
+	// own first runs.
+	poll := time.NewTimer(probePoll)
+	defer poll.Stop()
 	for {
 		demoted := *pr.demoted.Load()
 		switch p.learn.Classify(rt.key) {
@@ -84,6 +92,8 @@ func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
 		case <-timeout:
 			return ErrAcquireTimeout
 		case <-demoted:
+		case <-poll.C:
+			poll.Reset(probePoll)
 		}
 	}
 }
