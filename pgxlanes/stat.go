@@ -116,7 +116,7 @@ type LearningStat struct {
 	Tracked    int           // statements the pool keeps figures for (bounded)
 	Proven     int           // of Tracked, statements with a fast run on record, not demoted
 	// Probation is the number of Short slots that statements with no fast run on record may hold
-	// at once (half of Short's reserve, at least 1); ProbationInUse those held now.
+	// at once (Short's cap less its reserve, at least 1); ProbationInUse those held now.
 	Probation      int
 	ProbationInUse int
 }
