@@ -131,7 +131,7 @@ func newCollector(pool *pgxlanes.Pool, opts ...Option) *collector {
 
 		slowThreshold: desc("pgxlanes_learning_slow_threshold_seconds", "The run time past which an unannotated Short statement counts as slow; 0 means learning is off.", nil),
 		demoted:       desc("pgxlanes_learning_demoted_statements", "Statements learned as slow now: they take Long's capacity under Short's timeouts.", nil),
-		tracked:       desc("pgxlanes_learning_tracked_statements", "Statements the pool keeps figures for (bounded).", nil),
+		tracked:       desc("pgxlanes_learning_tracked_statements", "Statements the pool keeps figures for (bounded): proven fast ones and those with a slow history; texts that differ only in literals count once.", nil),
 		demotions:     desc("pgxlanes_learning_demotions_total", "Statements learned as slow.", nil),
 		promotions:    desc("pgxlanes_learning_promotions_total", "Demoted statements learned as fast again.", nil),
 
