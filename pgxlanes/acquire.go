@@ -25,6 +25,9 @@ type route struct {
 	budget time.Duration // 0: the lane's; Off: none
 	key    stmtstats.Key // the statement, when learn is set
 	learn  bool          // the statement is one the pool learns about
+	// probation: the statement has no fast run on record; it holds a probation token (see
+	// probation.go) from acquire until its lease ends.
+	probation bool
 }
 
 // route is the one classification: the context's annotation wins; otherwise the method's
@@ -42,8 +45,14 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 	}
 	if def == Short && p.learn != nil && sql != "" {
 		r.key, r.learn = p.learn.Key(sql), true
-		if p.learn.Demoted(r.key) {
+		switch p.learn.Classify(r.key) {
+		case stmtstats.Slow:
 			r.lane = Long
+		case stmtstats.Unproven:
+			// A caller whose deadline comes before the threshold cannot hold a slot past it: its
+			// statement is cancelled first. It needs no probation.
+			d, ok := ctx.Deadline()
+			r.probation = p.prob != nil && !(ok && time.Until(d) < p.config.Short.SlowThreshold)
 		}
 	}
 	return r, nil
@@ -62,6 +71,17 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	defer func() { p.reportAcquire(ctx, rt, start, waited, l, err) }()
 	if err != nil {
 		return nil, err
+	}
+	if rt.probation {
+		if err = p.probe(ctx, &rt, start); err != nil {
+			rt.probation = false
+			return nil, p.laneError(rt, start, err)
+		}
+		defer func() {
+			if err != nil && rt.probation {
+				p.prob.release()
+			}
+		}()
 	}
 	lr := &p.lanes[rt.lane]
 	srv := lr.srv

@@ -29,11 +29,15 @@ type Pool struct {
 	lanes   [numLanes]laneRuntime
 	pooler  bool // Config.TransactionPooler
 
-	guard  *txguard.Guard
-	learn  *stmtstats.Table
-	fleet  *fleet // the Long lane's fleet-wide cap; nil for none
-	obs    observers
-	tracer pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
+	guard *txguard.Guard
+	learn *stmtstats.Table
+	prob  *probation // Short's tokens for unproven statements; nil without learning
+	// learnLog is the learner's log state (learn.go), written only by the reporter.
+	learnLog learnLog
+	holds    holdStats // the lanes' recent hold times (holdstats.go), an observer of the pool
+	fleet    *fleet    // the Long lane's fleet-wide cap; nil for none
+	obs      observers
+	tracer   pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
 	// explicit says which lane timeouts the user gave: they win over the session's own values
 	// (settings.go).
 	explicit explicitTimeouts
@@ -113,6 +117,7 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		}
 	}
 	p.obs.onViolation = cfg.OnViolation
+	p.obs.add(&p.holds)
 	primary, remote := cfg.lanesOn()
 	if err := p.addServer(ctx, cfg.Config, primary); err != nil {
 		return nil, err
@@ -126,10 +131,10 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 			return nil, err
 		}
 	}
-	if t := cfg.Short.SlowThreshold; t > 0 {
-		if p.learn, err = stmtstats.New(stmtstats.Config{Threshold: t}); err != nil {
+	if cfg.Short.SlowThreshold > 0 {
+		if err := p.newLearner(cfg); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("pgxlanes: short lane: SlowThreshold (lane_short_slow_threshold): %w", err)
+			return nil, err
 		}
 	}
 	p.guard = txguard.New()
