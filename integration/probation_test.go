@@ -166,6 +166,8 @@ func TestProbationCap(t *testing.T) {
 	bg := context.Background()
 	p := newLanes(t, newDB(t, 1), "pool_max_conns=16&lane_short_reserved=4&lane_short_max_conns=12&lane_short_slow_threshold=100ms")
 	const capacity = 8 // Short's cap less its reserve
+	// Probation applies once the pool has a proven statement whose reserve it keeps.
+	require.NoError(t, p.QueryRow(bg, "select 1").Scan(new(any)))
 	var peak, cur atomic.Int32
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -210,7 +212,7 @@ func TestProbationCap(t *testing.T) {
 	// proves it; then 12 run at once.
 	require.Zero(t, p.Stat().Learning().Demoted)
 	require.NoError(t, p.QueryRow(bg, "select pg_sleep(0)").Scan(new(any)))
-	require.Equal(t, 1, p.Stat().Learning().Proven)
+	require.Equal(t, 2, p.Stat().Learning().Proven) // select 1 and now this one
 	peak.Store(0)
 	stop = make(chan struct{})
 	sampler.Go(func() {

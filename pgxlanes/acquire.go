@@ -51,8 +51,11 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 		case stmtstats.Unproven:
 			// A caller whose deadline comes before the threshold cannot hold a slot past it: its
 			// statement is cancelled first. It needs no probation.
+			// Probation starts once a statement is proven: before that, Short's reserve has no
+			// proven work to keep it for, and in a cold start every first run is held up by the
+			// dial of its connection, not by its own length.
 			d, ok := ctx.Deadline()
-			r.probation = p.prob != nil && !(ok && time.Until(d) < p.config.Short.SlowThreshold)
+			r.probation = p.prob != nil && p.anyProven.Load() && !(ok && time.Until(d) < p.config.Short.SlowThreshold)
 		}
 	}
 	return r, nil
@@ -104,7 +107,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 			return nil, p.laneError(rt, start, err)
 		}
 	}
-	pctx, cancel := p.poolCtx(ctx, rt, start)
+	pctx, cancel, idle := p.poolCtx(ctx, rt, start)
 	pc, err := srv.pool.Acquire(pctx)
 	if cancel != nil {
 		cancel()
@@ -116,7 +119,15 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 		srv.res.Release(slot)
 		return nil, p.dialError(ctx, rt, start, err)
 	}
-	return p.newLease(pc, slot, rt, kind, sql, fslot), nil
+	// One clock read per acquire in the common case: when nothing could have made the caller wait
+	// (no queue for the slot, no fleet slot, no probation, and an idle connection that pgxpool
+	// hands over without a ping or a dial), the lease starts when the acquire did. Otherwise the
+	// lease starts now, and the wait is what came before.
+	acquired := start
+	if waited || fslot >= 0 || rt.probation || !idle {
+		acquired = time.Now()
+	}
+	return p.newLease(pc, slot, rt, kind, sql, fslot, acquired), nil
 }
 
 // adopt makes a lease for an idle connection of AcquireAllIdle, if lane rt may take a slot
@@ -127,43 +138,27 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 	if !ok {
 		return nil, false
 	}
-	l := p.newLease(pc, slot, rt, kindHeld, "", -1)
+	l := p.newLease(pc, slot, rt, kindHeld, "", -1, time.Now())
 	p.reportAcquire(ctx, rt, l.acquired, false, l, nil)
 	return l, true
 }
 
-// poolCtx bounds pgxpool's step. pgxpool waits only to open a connection or to ping an idle one
-// (the slots equal its MaxConns, so it never queues behind another caller). Opening a connection
-// is not charged to the lane's acquire timeout, which bounds the wait behind other callers for a
-// slot: over a slow link TLS and SCRAM take several round trips, and a Short call must not fail
-// because its connection was still being opened (docs/design.md, "Opening connections"). When no
-// connection is idle, the step is bounded by ConnConfig.ConnectTimeout (by default the longest
-// acquire timeout) or the lane's acquire timeout, whichever is longer; when one is, pgxpool may
-// ping it, and the lane's acquire timeout bounds that, so that a frozen server does not hold the
-// caller. Both count from the start of the acquire; ctx bounds both. In the rare race where the
-// idle connection is taken meanwhile and pgxpool dials, the dial gets the lane's bound. A
-// deadline context costs allocations and a timer, so it is made only when pgxpool may wait: no
-// connection looks idle, or the last lease ended long enough ago that pgxpool may ping (it pings
-// connections idle for over a second).
-func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.Context, context.CancelFunc) {
+// poolCtx is the context of pgxpool's step, and whether an idle connection looks ready for it.
+// The slots equal pgxpool's MaxConns, so pgxpool never queues this caller behind another: it only
+// opens a connection or pings an idle one. A connection idle and used within the last half second
+// is handed over at once (pgxpool pings only those idle over a second): ctx as is, no allocation.
+// Otherwise a pingCtx bounds a ping by the lane's acquire timeout, and leaves a dial to
+// ConnectTimeout (pingctx.go).
+func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (_ context.Context, release func(), idle bool) {
 	lr := &p.lanes[rt.lane]
-	t := on(lr.cfg.AcquireTimeout)
-	if t == 0 {
-		return ctx, nil
-	}
 	srv := lr.srv
-	idle := srv.open.Load() > srv.leased.Load()
-	if idle && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond) {
-		return ctx, nil
+	idle = srv.open.Load() > srv.leased.Load() && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond)
+	t := on(lr.cfg.AcquireTimeout)
+	if t == 0 || idle {
+		return ctx, nil, idle
 	}
-	deadline := start.Add(t) // the ping of an idle connection: a frozen server must not hold the caller
-	if !idle {
-		deadline = start.Add(max(t, srv.connectTimeout)) // a dial
-	}
-	if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
-		return ctx, nil
-	}
-	return context.WithDeadline(ctx, deadline)
+	c := newPingCtx(ctx, t)
+	return c, c.release, false
 }
 
 // laneError converts an error of the reserve or fleet step.

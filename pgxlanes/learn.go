@@ -84,5 +84,9 @@ func (p *Pool) learned(l *lease, d time.Duration) {
 	if l.rt.probation {
 		p.prob.release()
 	}
-	p.learn.DoneText(l.rt.key, l.sql, d, l.has(fOverran))
+	overran := l.has(fOverran)
+	if !overran && d < p.config.Short.SlowThreshold && !p.anyProven.Load() {
+		p.anyProven.Store(true)
+	}
+	p.learn.DoneText(l.rt.key, l.sql, d, overran)
 }

@@ -77,7 +77,7 @@ type lease struct {
 
 // newLease turns a pgxpool connection and a lane slot into a lease: it stages the session
 // settings the lease needs and starts watching its budget.
-func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind callKind, sql string, fleetSlot int32) *lease {
+func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind callKind, sql string, fleetSlot int32, acquired time.Time) *lease {
 	conn := pc.Conn()
 	w := wireOf(conn.PgConn())
 	srv := p.lanes[rt.lane].srv
@@ -101,7 +101,7 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	if p.config.CaptureCallSites {
 		l.callSite = captureCallSite()
 	}
-	l.acquired = time.Now() // before the registry publishes the lease: Status and blame read it
+	l.acquired = acquired // before the registry publishes the lease: Status and blame read it
 	if rt.lane != Short {
 		srv.holders.add(l) // after every field the lock-holder lookup reads is written
 	} else {

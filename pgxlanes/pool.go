@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,8 @@ type Pool struct {
 	guard *txguard.Guard
 	learn *stmtstats.Table
 	prob  *probation // Short's tokens for unproven statements; nil without learning
+	// anyProven is set by the first fast run of a learned statement: probation applies from then.
+	anyProven atomic.Bool
 	// learnLog is the learner's log state (learn.go), written only by the reporter.
 	learnLog learnLog
 	holds    holdStats // the lanes' recent hold times (holdstats.go), an observer of the pool
@@ -214,6 +217,9 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 		p.tracer = t
 		cc.Tracer = withoutAcquire{cc.Tracer}
 	}
+	// A ping of an idle connection is bounded by the lane's acquire timeout, a dial is not
+	// (pingctx.go).
+	pc.ShouldPing = shouldPing(pc.ShouldPing)
 	afterConnect, beforeClose := pc.AfterConnect, pc.BeforeClose
 	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if afterConnect != nil {
