@@ -94,6 +94,14 @@ type config struct {
 	slow          time.Duration // the measured slow phase, after the learning period
 	slowThreshold time.Duration // pgxlanes' lane_short_slow_threshold; 0: its default
 
+	// The priority phase (priority.go).
+	runMain, runPrio bool          // -phases
+	prio             time.Duration // length of the critical stream
+	prioRate         float64       // critical requests per second
+	prioHold         time.Duration // a background call's hold: pg_sleep(prioHold)
+	prioShortClients int           // background clients in Short
+	prioTxClients    int           // background clients in Tx
+
 	seed       uint64
 	contenders []string
 	jsonPath   string
@@ -133,6 +141,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	fs.DurationVar(&c.learn, "learn", 2*time.Second, "the learning period: the slow statements start, lookups are recorded but not in the slow-phase table")
 	fs.DurationVar(&c.slow, "slow", 3*time.Second, "length of the slow phase, measured after the learning period")
 	fs.DurationVar(&c.slowThreshold, "slow-threshold", 0, "pgxlanes' lane_short_slow_threshold for the pgxlanes contenders that learn (0: pgxlanes' default)")
+	phases := fs.String("phases", "main,priority", "the phases to run: main (steady, burst, learning and slow) and priority (background work of low priority and critical requests)")
+	fs.DurationVar(&c.prio, "priority", 3*time.Second, "length of the priority phase's critical stream, per contender")
+	fs.Float64Var(&c.prioRate, "priority-rate", 50, "critical requests per second in the priority phase (half lookups in Short, half transactions in Tx)")
+	fs.DurationVar(&c.prioHold, "priority-hold", 50*time.Millisecond, "how long each background call of the priority phase holds its connection, ±50 % (select pg_sleep)")
+	fs.IntVar(&c.prioShortClients, "priority-short-clients", 24, "background clients of low priority in Short in the priority phase, back to back")
+	fs.IntVar(&c.prioTxClients, "priority-tx-clients", 12, "background clients of low priority in Tx (transactions) in the priority phase, back to back")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the lookup keys and hold times")
 	only := fs.String("contenders", strings.Join(contenderNames, ","), "the contenders to run, in order (comma-separated)")
 	fs.StringVar(&c.jsonPath, "json", "", "write the raw figures to this JSON file")
@@ -150,6 +164,17 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	for _, name := range strings.Split(*only, ",") {
 		if name = strings.TrimSpace(name); name != "" {
 			c.contenders = append(c.contenders, name)
+		}
+	}
+	for _, ph := range strings.Split(*phases, ",") {
+		switch strings.TrimSpace(ph) {
+		case "main":
+			c.runMain = true
+		case "priority":
+			c.runPrio = true
+		case "":
+		default:
+			return nil, nil, usageError{fmt.Sprintf("-phases: unknown phase %q (phases are main, priority)", ph)}
 		}
 	}
 	if c.transition == 0 {
@@ -187,6 +212,12 @@ func (c *config) validate() error {
 		return bad("-slow-clients must be at least 1, got %d", c.slowClients)
 	case c.slowSleep <= 0 || c.slow <= 0 || c.learn < 0 || c.slowThreshold < 0:
 		return bad("-slow-sleep and -slow must be positive, -learn and -slow-threshold not negative")
+	case !c.runMain && !c.runPrio:
+		return bad("-phases names none")
+	case c.prio <= 0 || c.prioRate <= 0 || c.prioHold <= 0:
+		return bad("-priority, -priority-rate and -priority-hold must be positive")
+	case c.prioShortClients < 1 || c.prioTxClients < 1:
+		return bad("-priority-short-clients and -priority-tx-clients must be at least 1")
 	case len(c.contenders) == 0:
 		return bad("-contenders names none")
 	case c.plotPath != "" && !strings.HasSuffix(c.plotPath, ".png") && !strings.HasSuffix(c.plotPath, ".svg"):
@@ -255,11 +286,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	for _, spec := range specs {
-		res, err := d.runContender(ctx, spec)
-		if err != nil {
-			return fmt.Errorf("%s: %w", spec.name, err)
+		var res *contenderResult
+		if cfg.runMain && (spec.tx || spec.slow) {
+			if res, err = d.runContender(ctx, spec); err != nil {
+				return fmt.Errorf("%s: %w", spec.name, err)
+			}
 		}
-		rep.Contenders = append(rep.Contenders, res)
+		if cfg.runPrio && spec.prio {
+			pr, errs, err := d.runPriority(ctx, spec)
+			if err != nil {
+				return fmt.Errorf("%s, priority phase: %w", spec.name, err)
+			}
+			if res == nil {
+				res = &contenderResult{Name: spec.name, About: spec.about, Load: spec.load, Errors: map[string]string{}}
+			}
+			res.Priority = pr
+			for k, v := range errs {
+				res.Errors["priority "+k] = v
+			}
+		}
+		if res != nil {
+			rep.Contenders = append(rep.Contenders, res)
+		}
 	}
 	rep.compute()
 

@@ -8,7 +8,8 @@ import (
 )
 
 // phase is a part of a contender's run. phaseLong marks the long transactions' calls and
-// phaseSlowStmt the unannotated slow statements' calls.
+// phaseSlowStmt the unannotated slow statements' calls; phaseCritical, phaseBgShort and phaseBgTx
+// the priority phase's critical requests and its background work in Short and in Tx (priority.go).
 type phase uint8
 
 const (
@@ -19,11 +20,16 @@ const (
 	phaseSlow  // the slow statements go on: measured
 	phaseLong
 	phaseSlowStmt
+	phaseCritical
+	phaseBgShort
+	phaseBgTx
 
-	numPhases = 5 // the phases of the short traffic
+	numPhases    = 5 // the phases of the short traffic
+	numAllPhases = 10
 )
 
-var phaseNames = [...]string{"steady", "transition", "burst", "learn", "slow", "long", "slowstmt"}
+var phaseNames = [numAllPhases]string{"steady", "transition", "burst", "learn", "slow", "long", "slowstmt",
+	"critical", "background-short", "background-tx"}
 
 func (p phase) String() string { return phaseNames[p] }
 
@@ -91,13 +97,14 @@ type recorder struct {
 	phases   [numPhases]phaseInfo
 	sent     int
 	shorts   []sample
-	acquires [numPhases + 2][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt)
-	longs    []time.Duration                // commit times of long transactions, from start
-	holds    []time.Duration                // how long each committed transaction held its row lock
-	probes   []probeSample                  // the machine probe (probe.go)
+	acquires [numAllPhases][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt ...)
+	longs    []time.Duration               // commit times of long transactions, from start
+	holds    []time.Duration               // how long each committed transaction held its row lock
+	probes   []probeSample                 // the machine probe (probe.go)
 	longFail [numKinds]int
 	slows    []slowRun         // the slow statements that ended
 	slowCut  int               // slow statements withdrawn, still waiting, at the end of the slow phase
+	bg       [2]bgCount        // the priority phase's background work, in Short and in Tx (priority.go)
 	examples map[string]string // one error message per kind, for the report
 	seen     int               // shorts already reported by progress
 }

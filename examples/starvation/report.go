@@ -53,6 +53,8 @@ type contenderResult struct {
 	Long       longResult   `json:"long_tx"`
 	// SlowStmts are the unannotated slow statements of the learn and slow phases.
 	SlowStmts *slowResult `json:"slow_statements,omitempty"`
+	// Priority is the priority phase (priority.go), on a pool of its own.
+	Priority *priorityResult `json:"priority,omitempty"`
 	// Learning is pgxlanes' Stat().Learning() at the end of the run (pgxlanes contenders only).
 	Learning *learningResult `json:"learning,omitempty"`
 	Sessions sessions        `json:"sessions"`
@@ -183,6 +185,10 @@ type ratios struct {
 	SlowTwoPoolOverLanes   *float64 `json:"slow_p99_two_pool_over_pgxlanes"`
 	SlowNoLearnOverLanes   *float64 `json:"slow_p99_pgxlanes_nolearn_over_pgxlanes"`
 	SlowLanesOverIdle      *float64 `json:"slow_p99_pgxlanes_over_idle"`
+	// The priority phase's critical requests.
+	CriticalPgxpoolOverLanes *float64 `json:"critical_p99_pgxpool_over_pgxlanes"`
+	CriticalFifoOverLanes    *float64 `json:"critical_p99_pgxlanes_fifo_over_pgxlanes"`
+	CriticalLanesOverIdle    *float64 `json:"critical_p99_pgxlanes_over_idle"`
 }
 
 // target is one check of the verdict (verdict.go). Its bound comes from the same run's figures.
@@ -226,6 +232,14 @@ func p99(c *contenderResult, ph phase) *float64 {
 	return (*c.phase(ph)).Latency.P99
 }
 
+// criticalP99 is c's critical p99 in the priority phase.
+func criticalP99(c *contenderResult) *float64 {
+	if c == nil || c.Priority == nil {
+		return nil
+	}
+	return c.Priority.Critical.Latency.P99
+}
+
 func committed(c *contenderResult) *float64 {
 	if c == nil {
 		return nil
@@ -251,6 +265,10 @@ func (r *report) compute() {
 		SlowTwoPoolOverLanes:   div(p99(two, phaseSlow), p99(lanes, phaseSlow)),
 		SlowNoLearnOverLanes:   div(p99(nolearn, phaseSlow), p99(lanes, phaseSlow)),
 		SlowLanesOverIdle:      div(p99(lanes, phaseSlow), p99(idle, phaseSlow)),
+
+		CriticalPgxpoolOverLanes: div(criticalP99(pool), criticalP99(lanes)),
+		CriticalFifoOverLanes:    div(criticalP99(r.contender("pgxlanes-fifo")), criticalP99(lanes)),
+		CriticalLanesOverIdle:    div(criticalP99(lanes), criticalP99(idle)),
 	}
 	r.Targets = r.verdict()
 	r.Verdict = outcome(r.Targets)

@@ -42,8 +42,26 @@ import (
 // transactions.
 var lookupsOnTx bool
 
-// verdict checks the claims against this run's figures.
+// verdict checks the claims against this run's figures: the main phases' checks if they ran
+// (-phases), then the priority phase's (verdict_priority.go) if it ran.
 func (r *report) verdict() []target {
+	var ts []target
+	ranMain, ranPrio := false, false
+	for _, c := range r.Contenders {
+		ranMain = ranMain || c.Steady != nil || c.Slow != nil
+		ranPrio = ranPrio || c.Priority != nil
+	}
+	if ranMain {
+		ts = append(ts, r.mainChecks()...)
+	}
+	if ranPrio {
+		ts = append(ts, r.priorityChecks()...)
+	}
+	return ts
+}
+
+// mainChecks checks the steady, burst and slow phases.
+func (r *report) mainChecks() []target {
 	idle, pool, two, lanes := r.contender("idle"), r.contender("pgxpool"), r.contender("two-pool"), r.contender("pgxlanes")
 	var ts []target
 	// hold is the transactions' median hold in pgxpool's run: what a lookup queued behind them
