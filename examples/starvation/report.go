@@ -50,7 +50,11 @@ type contenderResult struct {
 	Burst      *phaseResult `json:"burst,omitempty"`
 	Learn      *phaseResult `json:"learn,omitempty"`
 	Slow       *phaseResult `json:"slow,omitempty"`
-	Long       longResult   `json:"long_tx"`
+	// SlowWhole is the learning period and the slow phase as one, from the first slow statement,
+	// without samples (they are in Learn and Slow): what the slow-phase table, its ratios and the
+	// verdict judge. The idle baseline has none (no learning period): its Slow is judged.
+	SlowWhole *phaseResult `json:"slow_whole,omitempty"`
+	Long      longResult   `json:"long_tx"`
 	// SlowStmts are the unannotated slow statements of the learn and slow phases.
 	SlowStmts *slowResult `json:"slow_statements,omitempty"`
 	// Priority is the priority phase (priority.go), on a pool of its own.
@@ -158,6 +162,19 @@ type learningResult struct {
 	LongMaxConns int `json:"long_max_conns"`
 }
 
+// judged returns the figures of phase ph that the tables, the ratios and the verdict judge: for
+// the slow phase, the learning window included (SlowWhole) where there was one; nil if c or the
+// phase is missing.
+func (c *contenderResult) judged(ph phase) *phaseResult {
+	if c == nil {
+		return nil
+	}
+	if ph == phaseSlow && c.SlowWhole != nil {
+		return c.SlowWhole
+	}
+	return *c.phase(ph)
+}
+
 // phase returns where the result of phase ph goes.
 func (c *contenderResult) phase(ph phase) **phaseResult {
 	return [...]**phaseResult{&c.Steady, &c.Transition, &c.Burst, &c.Learn, &c.Slow}[ph]
@@ -226,10 +243,10 @@ func div(a, b *float64) *float64 {
 }
 
 func p99(c *contenderResult, ph phase) *float64 {
-	if c == nil || *c.phase(ph) == nil {
-		return nil
+	if pr := c.judged(ph); pr != nil {
+		return pr.Latency.P99
 	}
-	return (*c.phase(ph)).Latency.P99
+	return nil
 }
 
 // criticalP99 is c's critical p99 in the priority phase.

@@ -28,7 +28,7 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		}
 		fmt.Fprintln(tw, "contender\tp50\tp99\tp99.9\tmax\tacquire p99\tacquire max\tok\tfailed\t(timeout/full/deadline/other)\t"+last)
 		for _, c := range r.Contenders {
-			pr := *c.phase(ph)
+			pr := c.judged(ph)
 			if pr == nil || pr.Issued == 0 { // no lookups: -learn 0
 				continue
 			}
@@ -53,9 +53,9 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		cfg.steady, cfg.longWorkers, cfg.rate), phaseSteady)
 	phaseTable(fmt.Sprintf("burst phase, %v: %d long transactions, %g lookups/s with %v of server work each — short-query latency",
 		cfg.burst, cfg.burstLongWorkers, cfg.burstRate, cfg.burstWork), phaseBurst)
-	phaseTable(fmt.Sprintf("slow phase, %v after a learning period of %v: no long transactions, %d clients of an unannotated %q back to back, %g lookups/s (primary key) — short-query latency",
-		cfg.slow, cfg.learn, cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow)
-	phaseTable(fmt.Sprintf("learning period, the first %v of the slow statements (not in the verdict)", cfg.learn), phaseLearn)
+	phaseTable(fmt.Sprintf("slow phase, %v from the first slow statement, its learning window (%v) included: no long transactions, %d clients of an unannotated %q back to back, %g lookups/s (primary key) — short-query latency",
+		cfg.learn+cfg.slow, cfg.learn, cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow)
+	phaseTable(fmt.Sprintf("learning window, the first %v of the slow phase (included in the slow phase above)", cfg.learn), phaseLearn)
 
 	fmt.Fprintf(w, "\nwhole run\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -110,10 +110,10 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 	ra := r.Ratios
 	failedNote := func(name string, ph phase) string {
 		c := r.contender(name)
-		if c == nil || *c.phase(ph) == nil || (*c.phase(ph)).Latency.P99 != nil {
+		pr := c.judged(ph)
+		if pr == nil || pr.Latency.P99 != nil {
 			return ""
 		}
-		pr := *c.phase(ph)
 		return fmt.Sprintf("(%s's p99 is a failed lookup: %d of %d failed)", name, pr.Failed.total(), pr.Issued)
 	}
 	for _, l := range []struct {
