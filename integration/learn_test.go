@@ -3,7 +3,9 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -155,7 +157,7 @@ func TestLockWaitDoesNotDemote(t *testing.T) {
 	for i := range 50 {
 		require.NoError(t, p.QueryRow(bg, lookup, 1+i%100).Scan(new(int)))
 	}
-	require.Zero(t, p.Stat().Learning().Tracked, "fast runs leave no slow history")
+	require.Equal(t, 1, p.Stat().Learning().Proven, "fast runs put the lookup on record as proven")
 
 	// The lookup of row 1 waits on the row lock of another transaction, released after 600 ms.
 	tx, err := p.Begin(bg)
@@ -211,6 +213,20 @@ func TestLearningRespectsAnnotations(t *testing.T) {
 	bg := context.Background()
 	dsn := newDB(t, 1)
 	p := newLanes(t, dsn, "pool_max_conns=8&lane_short_slow_threshold=50ms")
+	// Lookups run meanwhile: the learner demotes a statement that is slow relative to the rest
+	// of Short's runs (in an idle pool there is nothing to compare with).
+	stop := make(chan struct{})
+	var lookups sync.WaitGroup
+	lookups.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = p.QueryRow(bg, "select v from items where id = 1").Scan(new(int))
+		}
+	})
 	var slowErrs atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
@@ -225,6 +241,8 @@ func TestLearningRespectsAnnotations(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	close(stop)
+	lookups.Wait()
 	require.Zero(t, slowErrs.Load())
 	require.GreaterOrEqual(t, p.Stat().Learning().Demoted, 1)
 	// The demoted statement takes Long's capacity...
@@ -244,4 +262,36 @@ func TestLearningRespectsAnnotations(t *testing.T) {
 	assert.Zero(t, off.Stat().Lane(pgxlanes.Long).Acquires)
 	_, err := off.Exec(bg, "select 1")
 	require.False(t, errors.Is(err, pgxlanes.ErrLaneFull))
+}
+
+// TestLiteralsAreOneStatement: an unannotated storm of a slow statement whose integer literal,
+// string literal and IN list change on every call (an ORM that inlines values) is learned as one
+// statement: one demotion, a handful of entries, and no lookup fails.
+func TestLiteralsAreOneStatement(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 4 s storm")
+	}
+	bg := context.Background()
+	p := newLanes(t, newDB(t, 100), "pool_max_conns=8&pool_min_conns=8")
+	rec := &eventRecorder{}
+	p.AddObserver(rec)
+	cfg := openLoop{lookups: 8, every: 5 * time.Millisecond, slow: 12, slowAt: time.Second, d: 4 * time.Second,
+		slowSQL: func(i int) string {
+			in := make([]string, 1+i%7)
+			for j := range in {
+				in[j] = itoa(i*10 + j)
+			}
+			return fmt.Sprintf("select pg_sleep(1.5) where %d > 0 and 'client-%d' <> '' and %d in (%s) /* call %d */",
+				i, i, i*10, strings.Join(in, ", "), i)
+		}}
+	got := cfg.run(bg, p)
+	ls := p.Stat().Learning()
+	p99, n := got.lookups.quantile(0.99)
+	demotions, _ := rec.count("select pg_sleep(?) where ? > ? and ? <> ? and ? in (?)", true)
+	t.Logf("lookups %d, failed %d, p99 %v; slow: %d done, %d refused; learner: %+v; events %d; loadavg %s",
+		n, got.failed.Load(), fmtDur(p99), got.slowDone.Load(), got.slowErr.Load(), ls, demotions, loadavg())
+	assert.Equal(t, int64(1), ls.Demotions, "one statement learned, once")
+	assert.Equal(t, 1, demotions, "its event shows the text with the literals folded")
+	assert.LessOrEqual(t, ls.Tracked, 3, "one entry for the slow texts (and the lookup's)")
+	assert.Zero(t, got.failed.Load(), "no lookup fails")
 }

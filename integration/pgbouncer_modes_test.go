@@ -223,10 +223,10 @@ func runExecMode(t *testing.T, p *pgxlanes.Pool, byName bool) *execModeResult {
 	return res
 }
 
-// TestPgBouncerSessionModeStartupParameters: pgxlanes gives every session Short's timeouts in the
-// startup packet, which PgBouncer 1.18 refuses in every pool mode. Listed in
-// ignore_startup_parameters they are accepted and dropped: the session then has the server's
-// defaults, not Short's, unless the role or database carries them (sessionModeDefaults).
+// TestPgBouncerSessionModeStartupParameters: pgxlanes puts nothing of its own in the startup
+// packet (it used to send Short's timeouts there, which PgBouncer refuses), so PgBouncer in session
+// mode accepts it as it is; Short gets its timeouts by SET, with its first statement, unless the
+// DBA gave the database (or role) defaults, which are kept.
 func TestPgBouncerSessionModeStartupParameters(t *testing.T) {
 	ctx := context.Background()
 	dsn := newDB(t, 1)
@@ -238,16 +238,16 @@ func TestPgBouncerSessionModeStartupParameters(t *testing.T) {
 		return st
 	}
 
-	p, err := pgxlanes.New(ctx, withParams(b.dsn, "pool_max_conns=2"))
-	require.NoError(t, err)
-	err = p.Ping(ctx)
+	// pgxlanes puts nothing in the startup packet: PgBouncer accepts it as is, and Short's
+	// timeouts are set on the session, with Short's first statement.
+	p := newLanes(t, b.dsn, "pool_max_conns=2&"+bouncerParams("session"))
+	assert.Equal(t, "5s/1s", timeouts(p), "Short's defaults, set by pgxlanes")
 	p.Close()
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "unsupported startup parameter", "PgBouncer accepted pgxlanes' startup parameters: docs/scale-out.md is out of date")
 
-	b.set(t, "ignore_startup_parameters", "extra_float_digits,statement_timeout,lock_timeout")
+	// A DBA's database defaults are kept (nobody gave a lane setting).
+	b.alterDatabase(t, dsn, "statement_timeout = '7s'", "lock_timeout = '2s'")
 	p = newLanes(t, b.dsn, "pool_max_conns=2&"+bouncerParams("session"))
-	assert.Equal(t, "0/0", timeouts(p), "ignored startup parameters are dropped: the server's defaults")
+	assert.Equal(t, "7s/2s", timeouts(p), "the database's defaults")
 	p.Close()
 
 	sessionModeDefaults(t, b, dsn)

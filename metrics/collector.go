@@ -99,6 +99,11 @@ func newCollector(pool *pgxlanes.Pool, opts ...Option) *collector {
 			gauge("pgxlanes_lane_fleet_slots_held", "Fleet slots this pool's leases of the lane hold (Long with lane_long_fleet_max_conns).",
 				func(s *pgxlanes.LaneStat) float64 { return float64(s.FleetHeld) }),
 
+			gauge("pgxlanes_lane_hold_p99_seconds", "The 99th percentile of the lane's hold times (acquire to release) over the last one to two minutes; 0 when no lease ended.",
+				func(s *pgxlanes.LaneStat) float64 { return s.HoldP99.Seconds() }),
+			gauge("pgxlanes_lane_advised_timeout_seconds", "The timeout the design notes advise for the lane's work: 3 × its observed hold p99. Compare with pgxlanes_lane_budget_seconds.",
+				func(s *pgxlanes.LaneStat) float64 { return s.AdvisedTimeout.Seconds() }),
+
 			counter("pgxlanes_acquires_total", "Successful acquires.",
 				func(s *pgxlanes.LaneStat) int64 { return s.Acquires }),
 			counter("pgxlanes_acquires_queued_total", "Successful acquires that had to queue for a slot.",
@@ -131,7 +136,7 @@ func newCollector(pool *pgxlanes.Pool, opts ...Option) *collector {
 
 		slowThreshold: desc("pgxlanes_learning_slow_threshold_seconds", "The run time past which an unannotated Short statement counts as slow; 0 means learning is off.", nil),
 		demoted:       desc("pgxlanes_learning_demoted_statements", "Statements learned as slow now: they take Long's capacity under Short's timeouts.", nil),
-		tracked:       desc("pgxlanes_learning_tracked_statements", "Statements the pool keeps figures for (bounded).", nil),
+		tracked:       desc("pgxlanes_learning_tracked_statements", "Statements the pool keeps figures for (bounded): proven fast ones and those with a slow history; texts that differ only in literals count once.", nil),
 		demotions:     desc("pgxlanes_learning_demotions_total", "Statements learned as slow.", nil),
 		promotions:    desc("pgxlanes_learning_promotions_total", "Demoted statements learned as fast again.", nil),
 

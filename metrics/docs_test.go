@@ -51,7 +51,7 @@ func exported(t *testing.T) map[string]dto.MetricType {
 	return names
 }
 
-var metricName = regexp.MustCompile(`\bpgxlanes_[a-z_]+[a-z]`)
+var metricName = regexp.MustCompile(`\bpgxlanes_[a-z0-9_]+[a-z0-9]`)
 
 // checkNames fails t for every pgxlanes_ name in text that the collector does not export (a
 // histogram's _bucket, _count and _sum series count as exported).

@@ -307,7 +307,7 @@ func TestCountersFromZero(t *testing.T) {
 	names = append(names, "pgxlanes_budget_violations_total")
 	for _, m := range []struct{ name, help, typ string }{
 		{"pgxlanes_learning_demoted_statements", "Statements learned as slow now: they take Long's capacity under Short's timeouts.", "gauge"},
-		{"pgxlanes_learning_tracked_statements", "Statements the pool keeps figures for (bounded).", "gauge"},
+		{"pgxlanes_learning_tracked_statements", "Statements the pool keeps figures for (bounded): proven fast ones and those with a slow history; texts that differ only in literals count once.", "gauge"},
 		{"pgxlanes_learning_demotions_total", "Statements learned as slow.", "counter"},
 		{"pgxlanes_learning_promotions_total", "Demoted statements learned as fast again.", "counter"},
 		{"pgxlanes_pool_new_connections_total", "Connections opened.", "counter"},

@@ -25,6 +25,9 @@ type route struct {
 	budget time.Duration // 0: the lane's; Off: none
 	key    stmtstats.Key // the statement, when learn is set
 	learn  bool          // the statement is one the pool learns about
+	// probation: the statement has no fast run on record; it holds a probation token (see
+	// probation.go) from acquire until its lease ends.
+	probation bool
 }
 
 // route is the one classification: the context's annotation wins; otherwise the method's
@@ -42,8 +45,14 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 	}
 	if def == Short && p.learn != nil && sql != "" {
 		r.key, r.learn = p.learn.Key(sql), true
-		if p.learn.Demoted(r.key) {
+		switch p.learn.Classify(r.key) {
+		case stmtstats.Slow:
 			r.lane = Long
+		case stmtstats.Unproven:
+			// A caller whose deadline comes before the threshold cannot hold a slot past it: its
+			// statement is cancelled first. It needs no probation.
+			d, ok := ctx.Deadline()
+			r.probation = p.prob != nil && !(ok && time.Until(d) < p.config.Short.SlowThreshold)
 		}
 	}
 	return r, nil
@@ -62,6 +71,17 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	defer func() { p.reportAcquire(ctx, rt, start, waited, l, err) }()
 	if err != nil {
 		return nil, err
+	}
+	if rt.probation {
+		if err = p.probe(ctx, &rt, start); err != nil {
+			rt.probation = false
+			return nil, p.laneError(rt, start, err)
+		}
+		defer func() {
+			if err != nil && rt.probation {
+				p.prob.release()
+			}
+		}()
 	}
 	lr := &p.lanes[rt.lane]
 	srv := lr.srv
@@ -112,13 +132,19 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 	return l, true
 }
 
-// poolCtx bounds pgxpool's step by what is left of the lane's acquire timeout. pgxpool waits
-// only to open a connection or to ping an idle one (the slots equal its MaxConns, so it never
-// queues behind another caller). A deadline context costs allocations and a timer, so it is made
-// only when that may happen: no connection looks idle, or the last lease ended long enough ago
-// that pgxpool may ping (it pings connections idle for over a second). In the rare race where
-// an idle connection is taken meanwhile, the dial is bounded by ConnConfig.ConnectTimeout, which
-// defaults to the longest acquire timeout.
+// poolCtx bounds pgxpool's step. pgxpool waits only to open a connection or to ping an idle one
+// (the slots equal its MaxConns, so it never queues behind another caller). Opening a connection
+// is not charged to the lane's acquire timeout, which bounds the wait behind other callers for a
+// slot: over a slow link TLS and SCRAM take several round trips, and a Short call must not fail
+// because its connection was still being opened (docs/design.md, "Opening connections"). When no
+// connection is idle, the step is bounded by ConnConfig.ConnectTimeout (by default the longest
+// acquire timeout) or the lane's acquire timeout, whichever is longer; when one is, pgxpool may
+// ping it, and the lane's acquire timeout bounds that, so that a frozen server does not hold the
+// caller. Both count from the start of the acquire; ctx bounds both. In the rare race where the
+// idle connection is taken meanwhile and pgxpool dials, the dial gets the lane's bound. A
+// deadline context costs allocations and a timer, so it is made only when pgxpool may wait: no
+// connection looks idle, or the last lease ended long enough ago that pgxpool may ping (it pings
+// connections idle for over a second).
 func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.Context, context.CancelFunc) {
 	lr := &p.lanes[rt.lane]
 	t := on(lr.cfg.AcquireTimeout)
@@ -126,10 +152,14 @@ func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (context.
 		return ctx, nil
 	}
 	srv := lr.srv
-	if srv.open.Load() > srv.leased.Load() && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond) {
+	idle := srv.open.Load() > srv.leased.Load()
+	if idle && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond) {
 		return ctx, nil
 	}
-	deadline := start.Add(t)
+	deadline := start.Add(t) // the ping of an idle connection: a frozen server must not hold the caller
+	if !idle {
+		deadline = start.Add(max(t, srv.connectTimeout)) // a dial
+	}
 	if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
 		return ctx, nil
 	}

@@ -50,6 +50,11 @@ func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			hidden = len(sets)
 		}
 	}
+	if err := flushForExecBatch(ctx, l); err != nil {
+		err = l.fail(err)
+		l.release()
+		return pgx.FailedBatchResults(b, err)
+	}
 	br := &leaseBatch{br: l.conn.SendBatch(ctx, b), l: l, hidden: hidden}
 	if tx := br.br.Tx(); tx != nil {
 		l.tx = leaseTx{t: tx, l: l, release: true}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -52,9 +53,12 @@ type LaneConfig struct {
 	// 32 × MaxConns: more cannot be served within an acquire timeout unless the work is far
 	// shorter than the timeout. Off: unbounded.
 	MaxWaiters int
-	// AcquireTimeout bounds the wait for a connection, including opening one
+	// AcquireTimeout bounds the wait for a lane slot behind other callers
 	// (lane_<lane>_acquire_timeout). A short query fails within a second instead of waiting
 	// behind a full pool; transactions may wait longer. Off: wait until the caller's ctx ends.
+	// Opening a connection for the call is not charged to it: that is bounded by
+	// ConnConfig.ConnectTimeout (default: the longest acquire timeout), so that a cold start or
+	// a recycled connection over a slow link does not fail a Short call.
 	AcquireTimeout time.Duration
 	// StatementTimeout is PostgreSQL's statement_timeout for the lane's statements
 	// (lane_<lane>_statement_timeout). The server enforces it, so a frozen client cannot keep a
@@ -203,7 +207,7 @@ func (c *Config) Copy() *Config {
 func ParseConfig(connString string) (*Config, error) {
 	pc, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return nil, parseError(err)
+		return nil, parseError(err, connString)
 	}
 	c := &Config{Config: pc}
 	if !strings.Contains(connString, "pool_max_conns") {
@@ -261,31 +265,128 @@ func shortReserve(n int) int {
 	return max(n/4, 1)
 }
 
-// parseError turns pgxpool's parse error into one that says what is wrong without the
-// connection string: pgconn redacts the password on a best-effort basis only.
-func parseError(err error) error {
+// parseError turns pgxpool's parse error into one that says what is wrong, with pgx's reason
+// ("failed to configure TLS (sslmode is invalid)"), and without the connection string or its
+// password: pgconn redacts the password on a best-effort basis only.
+func parseError(err error, connString string) error {
 	var pe *pgconn.ParseConfigError
 	if !errors.As(err, &pe) {
 		return errors.New("pgxlanes: invalid connection string")
 	}
 	// pgconn's message is "cannot parse `<connString>`: <what> (<inner error>)". Rebuild <what>
-	// from a copy without the connection string, and keep the inner error only when it cannot
-	// hold the connection string (a number that did not parse).
+	// from a copy without the connection string, and keep the inner error with every secret of
+	// the connection string taken out; when the secrets cannot be found (the string does not
+	// tokenize), keep only what cannot hold them.
 	safe := *pe
 	safe.ConnString = ""
 	what := strings.TrimPrefix(safe.Error(), "cannot parse ``: ")
 	inner := errors.Unwrap(pe)
+	secrets, ok := secretsOf(connString)
+	// A connection string that did not parse at all may not tokenize as secretsOf reads it, and
+	// net/url's errors quote pieces of it: keep their reason out.
+	ok = ok && !strings.HasPrefix(what, "failed to parse as ")
 	if inner != nil {
 		what = strings.TrimSuffix(what, " ("+inner.Error()+")")
+	}
+	if ok {
+		what = redactSecrets(what, connString, secrets) // pgconn's message may quote a value
+	}
+	if inner != nil {
 		var num *strconv.NumError
 		switch {
 		case errors.As(inner, &num):
 			what += fmt.Sprintf(" (%q is not a valid number)", num.Num)
 		case strings.HasPrefix(inner.Error(), "time: "):
 			what += " (" + inner.Error() + ")" // the value of a pool_ duration parameter
+		case ok:
+			what += " (" + redactSecrets(inner.Error(), connString, secrets) + ")"
 		}
 	}
 	return fmt.Errorf("pgxlanes: connection string: %s", what)
+}
+
+// secretsOf returns the values of the password and sslpassword parameters of connString, in the
+// forms an error may quote them; ok is false if the string cannot be read well enough to find
+// them.
+func secretsOf(connString string) (secrets []string, ok bool) {
+	add := func(v string) {
+		if v == "" {
+			return
+		}
+		secrets = append(secrets, v, strconv.Quote(v), strings.Trim(strconv.Quote(v), `"`), url.QueryEscape(v), url.PathEscape(v))
+	}
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") {
+		rest := connString[strings.Index(connString, "://")+3:]
+		if at := strings.LastIndex(strings.SplitN(rest, "/", 2)[0], "@"); at >= 0 {
+			if _, pw, found := strings.Cut(rest[:at], ":"); found {
+				add(pw)
+				if u, err := url.PathUnescape(pw); err == nil {
+					add(u)
+				}
+			}
+		}
+		if _, q, found := strings.Cut(connString, "?"); found {
+			for _, kv := range strings.Split(q, "&") {
+				k, v, _ := strings.Cut(kv, "=")
+				if k == "password" || k == "sslpassword" {
+					add(v)
+					if u, err := url.QueryUnescape(v); err == nil {
+						add(u)
+					}
+				}
+			}
+		}
+		return secrets, true
+	}
+	// Keyword/value: the values of password and sslpassword, as pgconn reads them.
+	s := strings.TrimLeft(connString, " \t\n\r\v\f")
+	for len(s) > 0 {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return nil, false
+		}
+		key := strings.TrimSpace(s[:eq])
+		s = strings.TrimLeft(s[eq+1:], " \t\n\r\v\f")
+		var raw string
+		if strings.HasPrefix(s, "'") {
+			end := 1
+			for ; end < len(s) && s[end] != '\''; end++ {
+				if s[end] == '\\' {
+					end++
+				}
+			}
+			if end >= len(s) {
+				return nil, false // unterminated: a secret may run to the end
+			}
+			raw, s = s[1:end], s[end+1:]
+		} else {
+			end := 0
+			for ; end < len(s) && !strings.ContainsRune(" \t\n\r\v\f", rune(s[end])); end++ {
+				if s[end] == '\\' {
+					end++
+				}
+			}
+			end = min(end, len(s))
+			raw, s = s[:end], s[end:]
+		}
+		s = strings.TrimLeft(s, " \t\n\r\v\f")
+		if strings.HasSuffix(key, "password") {
+			add(raw)
+			add(strings.NewReplacer(`\'`, `'`, `\\`, `\`, `\ `, ` `).Replace(raw))
+		}
+	}
+	return secrets, true
+}
+
+// redactSecrets returns msg without connString and without any of secrets.
+func redactSecrets(msg, connString string, secrets []string) string {
+	msg = strings.ReplaceAll(msg, connString, "<connection string>")
+	for _, sec := range secrets {
+		if sec != "" && sec != `""` {
+			msg = strings.ReplaceAll(msg, sec, "xxxxx")
+		}
+	}
+	return msg
 }
 
 // laneSettings are the lane_<lane>_<setting> parameters and the fields they set.

@@ -223,18 +223,21 @@ func TestSessionSQL(t *testing.T) {
 	c := resolved(t, "host=127.0.0.1 pool_max_conns=4 lane_tx_statement_timeout=1500ms lane_tx_lock_timeout=250us")
 	s := sessionSQL{defaults: c.Short}
 	// A held connection or statement of Tx: its timeouts, as session settings.
-	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1", s.session(c.Tx, false, 0))
+	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; reset idle_in_transaction_session_timeout", s.session(c.Tx, false, 0))
 	// A transaction also gets the budget's backstop: cancel at 30s, terminate at 60s, plus 3s.
 	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; set idle_in_transaction_session_timeout = 63000",
 		s.session(c.Tx, true, c.Tx.Budget))
 	// Short's timeouts are the session defaults: nothing for a statement; a transaction of
 	// Short gets only its budget's backstop (cancel at 6s, terminate at 12s, plus 1s).
 	assert.Equal(t, "", s.session(c.Short, false, 0))
-	assert.Equal(t, "set idle_in_transaction_session_timeout = 13000", s.session(c.Short, true, c.Short.Budget))
+	assert.Equal(t, "set idle_in_transaction_session_timeout = 13000; reset statement_timeout; reset lock_timeout", s.session(c.Short, true, c.Short.Budget))
 	// A per-call budget changes the backstops; the Long lane's flag action has none.
 	assert.Equal(t, "set statement_timeout = 1500; set lock_timeout = 1; set idle_in_transaction_session_timeout = 5000",
 		s.session(c.Tx, true, 2*time.Second))
-	assert.Equal(t, "set statement_timeout = 0; set lock_timeout = 30000", s.session(c.Long, true, time.Hour))
+	assert.Equal(t, "set statement_timeout = 0; set lock_timeout = 30000; reset idle_in_transaction_session_timeout", s.session(c.Long, true, time.Hour))
+	// Against PostgreSQL's defaults (nobody set a timeout), Short sets its own.
+	d := sessionSQL{defaults: LaneConfig{StatementTimeout: Off, LockTimeout: Off}}
+	assert.Equal(t, "set statement_timeout = 5000; set lock_timeout = 1000; reset idle_in_transaction_session_timeout", d.session(c.Short, false, 0))
 	// Behind a transaction pooler nothing goes on the session; transactions use SET LOCAL.
 	ps := sessionSQL{defaults: LaneConfig{StatementTimeout: Off, LockTimeout: Off}, pooler: true}
 	assert.Equal(t, "", ps.session(c.Tx, false, 0))
@@ -282,4 +285,27 @@ func TestRolloutDSN(t *testing.T) {
 	assert.Equal(t, 8, c.Tx.MaxConns, "with no Short reserve, Tx reaches the whole pool as with pgxpool")
 	assert.Equal(t, time.Duration(Off), c.Tx.Budget)
 	assert.Equal(t, Off, c.Tx.MaxWaiters)
+}
+
+// TestErrorsNameTheParameter: a bad DSN value keeps pgx's reason, which names the parameter,
+// without the password; a reserve too large names the lane parameter the user wrote.
+func TestErrorsNameTheParameter(t *testing.T) {
+	for _, tc := range []struct{ dsn, want string }{
+		{"host=127.0.0.1 user=app password='S3cretPW' sslmode=bogus", "pgxlanes: connection string: failed to configure TLS (sslmode is invalid)"},
+		{"postgres://app:S3cretPW@127.0.0.1/db?sslmode=bogus", "pgxlanes: connection string: failed to configure TLS (sslmode is invalid)"},
+		{"host=127.0.0.1 password=S3cretPW target_session_attrs=bogus", "target_session_attrs"},
+		{"host=127.0.0.1 password=S3cretPW channel_binding=x", "channel_binding"},
+		{"postgres://app:S3cretPW@127.0.0.1/db?channel_binding=S3cretPW", "unknown channel_binding value: xxxxx"},
+	} {
+		_, err := ParseConfig(tc.dsn)
+		require.Error(t, err, tc.dsn)
+		assert.Contains(t, err.Error(), tc.want, tc.dsn)
+		assert.NotContains(t, err.Error(), "S3cretPW", tc.dsn)
+	}
+	c, err := ParseConfig("host=127.0.0.1 pool_max_conns=4 lane_short_reserved=20")
+	require.NoError(t, err)
+	_, err = c.resolve()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "short 20 from Reserved (lane_short_reserved)")
+	assert.Contains(t, err.Error(), "more than MaxConns (pool_max_conns) 4: lower lane_short_reserved, or raise MaxConns (pool_max_conns)")
 }

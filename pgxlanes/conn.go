@@ -50,6 +50,9 @@ func (c *Conn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := c.l.check(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
+	if err := flushForExecBatch(ctx, c.l); err != nil {
+		return pgx.FailedBatchResults(b, c.l.fail(err))
+	}
 	return &leaseBatch{br: c.l.conn.SendBatch(ctx, b), l: c.l}
 }
 

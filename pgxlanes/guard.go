@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
 	"github.com/pgxlanes/pgxlanes/txguard"
 )
 
@@ -39,10 +38,8 @@ func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 	case txguard.Mark:
 		if !l.released() && l.mark(fOverran) {
 			// The learner counts it now, in order with the lease's end; what changed is reported
-			// off the guard's goroutine.
-			if c := l.p.learn.Overran(l.rt.key); c != stmtstats.None {
-				l.srv.term.report(func() { l.p.changed(c, l.sql) })
-			}
+			// off the guard's goroutine (learn.go, onChange).
+			l.p.learn.OverranText(l.rt.key, l.sql)
 		}
 		return
 	case txguard.Flag:

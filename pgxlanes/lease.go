@@ -79,7 +79,7 @@ type lease struct {
 // settings the lease needs and starts watching its budget.
 func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind callKind, sql string, fleetSlot int32) *lease {
 	conn := pc.Conn()
-	w, _ := conn.PgConn().Conn().(*wire.Conn)
+	w := wireOf(conn.PgConn())
 	srv := p.lanes[rt.lane].srv
 	l := newLeaseValue()
 	l.p, l.srv, l.pc, l.conn, l.w, l.slot = p, srv, pc, conn, w, slot

@@ -59,7 +59,9 @@ type StatementObserver interface {
 // StatementEvent says that a statement was learned as slow (Demoted: later calls take Long's
 // capacity, under Short's timeouts) or as fast again.
 type StatementEvent struct {
-	// SQL is the statement's text, truncated to 80 characters; it holds no parameters.
+	// SQL is the statement's text with its literals folded to ? (the values an ORM inlined are
+	// not shown), cut to 80 bytes; it holds no parameters. Texts that differ only in literals are
+	// one statement.
 	SQL     string
 	Demoted bool
 }
@@ -178,13 +180,8 @@ func (o *observers) violation(v Violation) {
 	}
 }
 
-// statement logs a learned change and tells the observers.
+// statement tells the observers of a learned change (learn.go logs it, rate-limited).
 func (o *observers) statement(e StatementEvent) {
-	msg := "pgxlanes: statement learned as slow; it now takes Long's capacity under Short's timeouts"
-	if !e.Demoted {
-		msg = "pgxlanes: statement learned as fast again; it is back in Short"
-	}
-	o.logger.LogAttrs(context.Background(), slog.LevelWarn, msg, slog.String("sql", e.SQL))
 	o.each(func(x Observer) {
 		if so, ok := x.(StatementObserver); ok {
 			so.ObserveStatement(e)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"reflect"
 	"sync"
 	"time"
@@ -30,11 +29,18 @@ type Pool struct {
 	lanes   [numLanes]laneRuntime
 	pooler  bool // Config.TransactionPooler
 
-	guard  *txguard.Guard
-	learn  *stmtstats.Table
-	fleet  *fleet // the Long lane's fleet-wide cap; nil for none
-	obs    observers
-	tracer pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
+	guard *txguard.Guard
+	learn *stmtstats.Table
+	prob  *probation // Short's tokens for unproven statements; nil without learning
+	// learnLog is the learner's log state (learn.go), written only by the reporter.
+	learnLog learnLog
+	holds    holdStats // the lanes' recent hold times (holdstats.go), an observer of the pool
+	fleet    *fleet    // the Long lane's fleet-wide cap; nil for none
+	obs      observers
+	tracer   pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
+	// explicit says which lane timeouts the user gave: they win over the session's own values
+	// (settings.go).
+	explicit explicitTimeouts
 
 	shareLog shareLog // rate-limits the tag share's log lines (priority.go)
 
@@ -83,33 +89,52 @@ func New(ctx context.Context, connString string) (*Pool, error) {
 // DSN parameter at fault. Like pgxpool, it does not connect before the first use unless
 // MinConns > 0.
 func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
+	var explicit explicitTimeouts
+	if cfg != nil {
+		explicit = explicitOf(cfg) // before the defaults are filled in
+	}
 	cfg, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
-	p := &Pool{config: cfg, pooler: cfg.TransactionPooler}
+	p := &Pool{config: cfg, pooler: cfg.TransactionPooler, explicit: explicit}
 	p.obs.logger = cfg.Logger
 	if p.obs.logger == nil {
 		p.obs.logger = slog.Default()
 	}
+	if !cfg.TransactionPooler {
+		// The DSN's own timeouts, known now; the server's are read at the first connect.
+		for _, l := range Lanes() {
+			cc := cfg.ConnConfig
+			if s := cfg.Lane(l).Server; s != nil {
+				cc = s.ConnConfig
+			}
+			var note string
+			*cfg.Lane(l), note = effectiveTimeouts(l, *cfg.Lane(l), explicit, dsnTimeouts(cc))
+			if note != "" {
+				p.obs.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: "+note)
+			}
+		}
+	}
 	p.obs.onViolation = cfg.OnViolation
+	p.obs.add(&p.holds)
 	primary, remote := cfg.lanesOn()
-	if err := p.addServer(ctx, cfg.Config, primary, cfg.Short); err != nil {
+	if err := p.addServer(ctx, cfg.Config, primary); err != nil {
 		return nil, err
 	}
 	for _, l := range remote {
 		lc := cfg.Lane(l)
 		pc := lc.Server.Copy()
 		pc.MaxConns = int32(lc.MaxConns)
-		if err := p.addServer(ctx, pc, []Lane{l}, *lc); err != nil {
+		if err := p.addServer(ctx, pc, []Lane{l}); err != nil {
 			p.Close()
 			return nil, err
 		}
 	}
-	if t := cfg.Short.SlowThreshold; t > 0 {
-		if p.learn, err = stmtstats.New(stmtstats.Config{Threshold: t}); err != nil {
+	if cfg.Short.SlowThreshold > 0 {
+		if err := p.newLearner(cfg); err != nil {
 			p.Close()
-			return nil, fmt.Errorf("pgxlanes: short lane: SlowThreshold (lane_short_slow_threshold): %w", err)
+			return nil, err
 		}
 	}
 	p.guard = txguard.New()
@@ -124,15 +149,12 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 	return p, nil
 }
 
-// addServer starts the pgxpool and admission of the lanes on one server. defaults are the
-// timeouts its sessions start with, in the startup packet: Short's on the primary, the lane's own
-// on a server one lane is aimed at, so that the common case needs no setting of its own.
-func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane, defaults LaneConfig) error {
+// addServer starts the pgxpool and admission of the lanes on one server. The lanes' session SQL
+// is computed against PostgreSQL's defaults here, and again against the session's own values when
+// the first connection is made (settings.go), before any lease uses it.
+func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane) error {
 	cfg := p.config
-	srv := &server{sql: sessionSQL{defaults: defaults, pooler: cfg.TransactionPooler}}
-	if cfg.TransactionPooler {
-		srv.sql.defaults = LaneConfig{StatementTimeout: Off, LockTimeout: Off}
-	}
+	srv := &server{sql: sessionSQL{defaults: LaneConfig{StatementTimeout: Off, LockTimeout: Off}, pooler: cfg.TransactionPooler}}
 	for i, l := range lanes {
 		lc := *cfg.Lane(l)
 		p.lanes[l] = laneRuntime{cfg: lc, srv: srv, idx: i,
@@ -144,8 +166,10 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	if srv.res, err = reserve.New(cfg.reserveConfig(lanes, int(base.MaxConns))); err != nil {
 		return fromReserveConfig(err)
 	}
-	srv.term = newTerminator(base.ConnConfig, p.obs.logger)
-	if srv.pool, err = pgxpool.NewWithConfig(ctx, p.pgxpoolConfig(base, srv)); err != nil {
+	srv.term = newTerminator(base, p.obs.logger)
+	pc := p.pgxpoolConfig(base, srv)
+	srv.connectTimeout = pc.ConnConfig.ConnectTimeout
+	if srv.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.servers = append(p.servers, srv)
@@ -154,21 +178,13 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	return nil
 }
 
-// pgxpoolConfig is the configuration of the pgxpool under the lanes: the user's, with Short's
-// timeouts in the startup packet, a wire.Conn under every connection, and the hooks that keep
-// the pool's figures.
+// pgxpoolConfig is the configuration of the pgxpool under the lanes: the user's, with a wire.Conn
+// in the path of every connection, and the hooks that read the session's settings and keep the
+// pool's figures. Nothing is added to the startup packet: RESET restores the user's settings.
 func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config {
 	cfg := p.config
 	pc := base.Copy()
 	cc := pc.ConnConfig
-	if cc.RuntimeParams == nil {
-		cc.RuntimeParams = map[string]string{}
-	}
-	if !cfg.TransactionPooler {
-		// The session defaults: a statement of the lane they are for needs no setting of its own.
-		cc.RuntimeParams["statement_timeout"] = millis(srv.sql.defaults.StatementTimeout)
-		cc.RuntimeParams["lock_timeout"] = millis(srv.sql.defaults.LockTimeout)
-	}
 	// Bound the dial of a connection by the longest acquire timeout, unless the user chose.
 	if cc.ConnectTimeout == 0 {
 		for _, l := range Lanes() {
@@ -179,34 +195,18 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 	if cfg.TransactionPooler {
 		opts.Settle = 100 * time.Millisecond // a pooler may acknowledge a cancel before it forwards it
 	}
-	userAfterNet := cc.AfterNetConnect
-	cc.AfterNetConnect = func(ctx context.Context, c *pgconn.Config, conn net.Conn) (net.Conn, error) {
-		if userAfterNet != nil {
-			var err error
-			if conn, err = userAfterNet(ctx, c, conn); err != nil {
-				return nil, err
+	// A wire.Conn in the path of every connection of the pool (wirehook.go), installed on
+	// pgxpool's copy of the ConnConfig after the user's BeforeConnect, so that whatever that hook
+	// sets is kept.
+	userBeforeConnect := pc.BeforeConnect
+	pc.BeforeConnect = func(ctx context.Context, cc *pgx.ConnConfig) error {
+		if userBeforeConnect != nil {
+			if err := userBeforeConnect(ctx, cc); err != nil {
+				return err
 			}
 		}
-		return wire.New(conn, opts), nil
-	}
-	// A context that ends returns the caller at once with the connection kept (internal/wire).
-	// A handler the user set is kept instead; then deadlines behave as that handler decides.
-	userHandler := cc.BuildContextWatcherHandler
-	if isDefaultHandler(userHandler) {
-		userHandler = nil
-	}
-	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		w, ok := c.Conn().(*wire.Conn)
-		if ok {
-			w.SetCancel(c.CancelRequest)
-		}
-		switch {
-		case userHandler != nil:
-			return userHandler(c)
-		case !ok:
-			return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
-		}
-		return w
+		installWire(cc, opts)
+		return nil
 	}
 	if t, ok := cc.Tracer.(pgxpool.AcquireTracer); ok {
 		// pgxlanes traces the whole acquire, lane wait included; the pgxpool under it must not
@@ -220,6 +220,9 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 			if err := afterConnect(ctx, c); err != nil {
 				return err
 			}
+		}
+		if err := p.learnSession(ctx, srv, c); err != nil {
+			return err
 		}
 		srv.open.Add(1)
 		srv.term.warm()

@@ -3,6 +3,7 @@ package pgxlanes
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/pgxlanes/pgxlanes/reserve"
@@ -66,8 +67,23 @@ func (c *Config) resolve() (*Config, error) {
 		sum += r.Lane(l).Reserved
 	}
 	if sum > n {
-		return nil, fmt.Errorf("pgxlanes: the lanes reserve %d connections in all (short %d, tx %d, long %d), more than MaxConns (pool_max_conns) %d",
-			sum, r.Short.Reserved, r.Tx.Reserved, r.Long.Reserved, n)
+		// Name the parameters the user gave: those are what to change.
+		var parts, given []string
+		for _, l := range Lanes() {
+			part := fmt.Sprintf("%s %d", l, r.Lane(l).Reserved)
+			if c.Lane(l).Reserved != 0 {
+				name := fmt.Sprintf("lane_%s_reserved", l)
+				part += " from Reserved (" + name + ")"
+				given = append(given, name)
+			}
+			parts = append(parts, part)
+		}
+		fix := "raise MaxConns (pool_max_conns)"
+		if len(given) > 0 {
+			fix = "lower " + strings.Join(given, " or ") + ", or " + fix
+		}
+		return nil, fmt.Errorf("pgxlanes: the lanes reserve %d connections in all (%s), more than MaxConns (pool_max_conns) %d: %s",
+			sum, strings.Join(parts, ", "), n, fix)
 	}
 	rc := r.reserveConfig(primary, n)
 	for i, l := range primary {

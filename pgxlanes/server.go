@@ -2,6 +2,7 @@ package pgxlanes
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -17,7 +18,10 @@ type server struct {
 	res     *reserve.Pool
 	term    *terminator
 	holders holders
-	sql     sessionSQL // the session defaults are those in this server's startup packet
+	sql     sessionSQL // against the values RESET restores, read at the first connect
+	learner sessionLearner
+	// connectTimeout bounds the opening of a connection (ConnConfig.ConnectTimeout of its pgxpool).
+	connectTimeout time.Duration
 
 	// open counts pgxpool's connections (AfterConnect to BeforeClose or hijack) and leased those
 	// handed to leases; open > leased means a connection is idle, so pgxpool will not dial.

@@ -16,12 +16,14 @@ const resetSQL = "reset statement_timeout; reset lock_timeout; reset idle_in_tra
 // maxPGTimeout is the largest value PostgreSQL accepts for its timeout settings (INT_MAX ms).
 const maxPGTimeout = math.MaxInt32 * time.Millisecond
 
-// sessionSQL renders the settings a lease of a lane needs, against the session defaults: Short's
-// timeouts, which every connection gets in its startup packet, or none of ours behind a
-// transaction pooler. It is the one place that writes SQL from configuration; only typed
-// durations, rendered as whole milliseconds, are ever written into it.
+// sessionSQL renders the settings a lease of a lane needs, against the session defaults: the
+// values RESET restores, which are the user's and the DBA's (the DSN's runtime parameters and
+// options, ALTER ROLE and ALTER DATABASE SET, the server's configuration; pgxlanes puts none of
+// its own in the startup packet), or none of ours behind a transaction pooler. It is the one place
+// that writes SQL from configuration; only typed durations, rendered as whole milliseconds, are
+// ever written into it.
 type sessionSQL struct {
-	defaults LaneConfig // StatementTimeout and LockTimeout of the session; Off behind a pooler
+	defaults LaneConfig // StatementTimeout and LockTimeout that RESET restores; Off for none
 	pooler   bool
 }
 
@@ -60,15 +62,35 @@ func (s sessionSQL) settings(lc LaneConfig, tx bool, b time.Duration, coarse boo
 	return out
 }
 
-// session returns the SET statements, as one query, that give a session what a lease of lane lc
+// session returns the statements, as one query, that give a session what a lease of lane lc
 // needs (tx: a transaction with budget b): "" when it needs nothing beyond the defaults, and
 // always "" behind a transaction pooler, where session settings would leak to other clients.
+// Otherwise it sets or resets each of the three settings resetSQL restores, so that what a lease
+// gets never depends on what the connection served before.
 func (s sessionSQL) session(lc LaneConfig, tx bool, b time.Duration) string {
 	if s.pooler {
 		return ""
 	}
-	return render(s.settings(lc, tx, b, false), "set ", "; ")
+	set := s.settings(lc, tx, b, false)
+	if len(set) == 0 {
+		return ""
+	}
+	var out strings.Builder
+	out.WriteString(render(set, "set ", "; "))
+	for _, name := range sessionSettings {
+		found := false
+		for _, st := range set {
+			found = found || st.name == name
+		}
+		if !found {
+			out.WriteString("; reset " + name)
+		}
+	}
+	return out.String()
 }
+
+// sessionSettings are the settings a lease's session SQL may change, which resetSQL restores.
+var sessionSettings = [...]string{"statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"}
 
 // local returns the SET LOCAL statements, as one query, of a transaction of lane lc with budget b,
 // sent right after its BEGIN behind a transaction pooler.

@@ -51,6 +51,14 @@ type LaneStat struct {
 	BudgetCancels           int64 // leases over budget, cancelled
 	BudgetTerminates        int64 // leases over budget, terminated (verified)
 	BudgetTerminateFailures int64 // terminates that failed (the pool closed its socket instead)
+
+	// HoldP99 is the 99th percentile of the lane's hold times (a lease's acquire to its end) over
+	// the last one to two minutes, as the upper bound of a bucket about 19 % wide; 0 when no lease
+	// ended. AdvisedTimeout is the timeout the design notes advise for that work, 3 × HoldP99:
+	// compare it with the lane's Budget (and Short's StatementTimeout). A configured timeout below
+	// HoldP99 fires on legitimate work; one far above AdvisedTimeout protects nothing.
+	HoldP99        time.Duration
+	AdvisedTimeout time.Duration
 }
 
 // laneCounts are a lane's cumulative counts, kept with atomics.
@@ -112,6 +120,11 @@ type LearningStat struct {
 	Demotions  int64         // statements learned as slow, in all
 	Promotions int64         // demoted statements learned as fast again, in all
 	Tracked    int           // statements the pool keeps figures for (bounded)
+	Proven     int           // of Tracked, statements with a fast run on record, not demoted
+	// Probation is the number of Short slots that statements with no fast run on record may hold
+	// at once (Short's cap less its reserve, at least 1); ProbationInUse those held now.
+	Probation      int
+	ProbationInUse int
 }
 
 // Stat returns a snapshot of the pool's statistics.
@@ -136,6 +149,10 @@ func (p *Pool) Stat() *Stat {
 			BudgetWarnings: c.warnings.Load(), BudgetFlags: c.flags.Load(), BudgetCancels: c.cancels.Load(),
 			BudgetTerminates: c.terminates.Load(), BudgetTerminateFailures: c.termFails.Load()}
 	}
+	for i := range numLanes {
+		p99, _ := p.holds.p99(Lane(i))
+		st.lanes[i].HoldP99, st.lanes[i].AdvisedTimeout = p99, advisedTimeout(p99)
+	}
 	if p.fleet != nil {
 		st.lanes[Long].FleetWaiting = int(p.fleet.waiting.Load())
 		st.lanes[Long].FleetHeld = int(p.fleet.held.Load())
@@ -143,7 +160,8 @@ func (p *Pool) Stat() *Stat {
 	if p.learn != nil {
 		ls := p.learn.Stat()
 		st.learn = LearningStat{Threshold: p.config.Short.SlowThreshold, Demoted: ls.Demoted,
-			Demotions: int64(ls.Demotions), Promotions: int64(ls.Promotions), Tracked: ls.Tracked}
+			Demotions: int64(ls.Demotions), Promotions: int64(ls.Promotions), Tracked: ls.Tracked, Proven: ls.Proven,
+			Probation: cap(p.prob.tokens), ProbationInUse: len(p.prob.tokens)}
 	}
 	return st
 }

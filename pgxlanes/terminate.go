@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // guardTag starts every statement the pool runs for itself, so that it is recognisable in
@@ -34,7 +35,7 @@ const guardTag = "/* pgxlanes guard */ "
 // context, and never across a wait (a terminate signals, then polls with sem released between
 // polls), so that one lease's terminate never holds up another's for longer than a statement.
 type terminator struct {
-	config *pgx.ConnConfig
+	base   *pgxpool.Config // the user's: the session opens as the pool's connections do (dial.go)
 	logger *slog.Logger
 	reporter
 
@@ -47,26 +48,17 @@ type terminator struct {
 	wg     sync.WaitGroup
 }
 
-func newTerminator(cc *pgx.ConnConfig, logger *slog.Logger) *terminator {
-	c := cc.Copy()
-	c.Tracer = nil // the user's tracers see the user's statements only
-	c.RuntimeParams = map[string]string{"application_name": "pgxlanes guard"}
-	for k, v := range cc.RuntimeParams {
-		if k != "statement_timeout" && k != "lock_timeout" && k != "application_name" {
-			c.RuntimeParams[k] = v
-		}
-	}
-	t := &terminator{config: c, logger: logger, sem: make(chan struct{}, 1)}
+func newTerminator(base *pgxpool.Config, logger *slog.Logger) *terminator {
+	t := &terminator{base: base.Copy(), logger: logger, sem: make(chan struct{}, 1)}
 	t.sem <- struct{}{}
 	return t
 }
 
 // connect opens a side session of the pool (the guard's, the fleet's) named name in
-// pg_stat_activity. It is the one place where the pool opens a session outside pgxpool.
+// pg_stat_activity, as the pool opens its connections (dial.go: the user's BeforeConnect, TLS,
+// dialer and fallbacks). It is the one place where the pool opens a session outside pgxpool.
 func (t *terminator) connect(ctx context.Context, name string) (*pgx.Conn, error) {
-	cc := t.config.Copy()
-	cc.RuntimeParams["application_name"] = name
-	return pgx.ConnectConfig(ctx, cc)
+	return openSideSession(ctx, t.base, name)
 }
 
 // warm opens the guard session in the background, once.

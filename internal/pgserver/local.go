@@ -84,6 +84,7 @@ type localServer struct {
 	mu     sync.Mutex // serializes lifecycle changes, and guards the fields below
 	proc   *process   // the postmaster; nil before the first start and after a stop
 	frozen *frozenSet // the frozen processes; nil unless frozen
+	ca     *CA        // the CA of the server's certificate; nil without Options.TLS
 	closed bool
 }
 
@@ -120,6 +121,15 @@ func startLocal(ctx context.Context, bins postgresBins, o Options) (s *Server, e
 	if err := initdb(ctx, run, bins, dir, password); err != nil {
 		return nil, err
 	}
+	query := "sslmode=disable"
+	if o.TLS {
+		ca, caFile, args, err := setupTLS(run, dir, o.HostSSLOnly)
+		if err != nil {
+			return nil, fmt.Errorf("set up TLS: %w", err)
+		}
+		ls.ca, ls.opts = ca, append(ls.opts, args...)
+		query = url.Values{"sslmode": {"verify-full"}, "sslrootcert": {caFile}}.Encode()
+	}
 
 	// The port is free only until postgres binds it: retry if another process took it.
 	for attempt := 1; ; attempt++ {
@@ -133,7 +143,7 @@ func startLocal(ctx context.Context, bins postgresBins, o Options) (s *Server, e
 			User:     url.UserPassword("postgres", password),
 			Host:     fmt.Sprintf("127.0.0.1:%d", port),
 			Path:     "/postgres",
-			RawQuery: "sslmode=disable",
+			RawQuery: query,
 		}).String()
 		ls.mu.Lock()
 		err = ls.startLocked(ctx, readyPoll)

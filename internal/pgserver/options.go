@@ -1,6 +1,7 @@
 package pgserver
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"regexp"
@@ -24,6 +25,14 @@ type Options struct {
 	// place the server (port, listen_addresses, unix_socket_directories, data_directory and the
 	// configuration files) belong to the harness, and max_connections is set by MaxConnections.
 	Settings map[string]string
+
+	// TLS turns the server's TLS on, with a certificate for 127.0.0.1 and localhost signed by a
+	// CA made at start (Server.CA). The server's DSN then asks for sslmode=verify-full against
+	// that CA.
+	TLS bool
+	// HostSSLOnly makes pg_hba.conf accept TCP clients over TLS with SCRAM-SHA-256 alone
+	// (hostssl ... scram-sha-256, no host line): a client without TLS is refused. It needs TLS.
+	HostSSLOnly bool
 }
 
 // defaultMaxConnections is max_connections when Options.MaxConnections is 0.
@@ -46,6 +55,9 @@ var settingNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.]*$`)
 // args validates o and returns the postgres arguments it adds to the harness's own: -c pairs in
 // name order, so that the command line is the same from run to run.
 func (o Options) args() ([]string, error) {
+	if o.HostSSLOnly && !o.TLS {
+		return nil, errors.New("harness: Options.HostSSLOnly needs Options.TLS")
+	}
 	reserved := 3 // superuser_reserved_connections' default
 	names := slices.Sorted(maps.Keys(o.Settings))
 	for _, name := range names {

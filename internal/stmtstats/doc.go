@@ -1,4 +1,4 @@
-// Package stmtstats learns, per SQL text, whether a statement is slow.
+// Package stmtstats learns, per statement, whether it is slow, and whether it is proven fast.
 //
 // A pool sends unannotated statements to its short lane. A slow statement that nobody annotated
 // (an ORM's report, a search, a count that grew with the data) would hold short slots and bring
@@ -9,7 +9,9 @@
 //
 // For every run of a statement, the caller
 //
-//  1. takes k := t.Key(sql) and asks t.Demoted(k) to choose a lane;
+//  1. takes k := t.Key(sql) and asks t.Classify(k) to choose a lane: Slow (demoted), Proven (a
+//     fast run on record) or Unproven (none: the caller may hold it to a share of the lane, on
+//     probation);
 //  2. arranges for t.Overran(k) to be called once if the run is still going after
 //     t.Threshold(), for example with time.AfterFunc;
 //  3. calls t.Done(k, d, overran) when the run ends after d, where overran says whether
@@ -26,12 +28,26 @@
 //
 // # The decision
 //
-// Each run is one observation: slow if it overran (or d >= Threshold), fast otherwise. The Table
-// keeps, per statement, an exponentially weighted fraction of slow runs,
+// Each run is one observation: slow if it overran (or d >= Threshold), fast otherwise. A fast run
+// marks the statement proven. The Table keeps, per statement, an exponentially weighted fraction
+// of slow runs,
 //
 //	f ← (1 − α)·f + α·slow,  α = 1/4,  f = 0 for a statement never seen slow,
 //
-// demotes the statement when f reaches 1/2 and promotes it back when f falls to 1/5.
+// and asks to demote the statement when f reaches 1/2, or at its first slow run if it is not
+// proven (no fast history to protect), and to promote it back when f falls to 1/5. Two rules can
+// hold a change back:
+//
+//   - MinPeriod: a statement changes at most once per Config.MinPeriod (default 10 × Threshold
+//     within [1s, 1m]), so no demote/promote cycle is shorter than 2 × MinPeriod. The time of the
+//     last change is kept in the entry, in ticks of MinPeriod/8 modulo 4096 (a change exactly a
+//     multiple of 512 periods after the last one may wait one more period).
+//   - The relative rule, for demotions: the statement must be slow at least twice as often as
+//     all of the Table's runs over the last one or two windows (max(Threshold, 1s) each), there
+//     must be at least 16 such runs, and it must not be the lane's hottest statement (at least
+//     half of the last 32 sampled runs, one in 16, its own). When every statement is slow, none
+//     is demoted. A slow run held back by this rule marks the statement proven: it is as slow as
+//     the lane, not slower.
 //
 // Why a fraction of slow runs and not a mean or percentile of durations: the lane cares only
 // whether a run holds a short slot past the threshold, which is a yes or no; and a fraction
@@ -39,24 +55,20 @@
 // so one 600 ms lock wait weighs as much as one 2 ms overrun, whereas a mean would be dragged
 // past any threshold by one long outlier.
 //
-// What the numbers give (the fractions are exact in the package's fixed-point arithmetic and
-// checked by the tests):
+// What the numbers give for a proven statement (the fractions are exact in the package's
+// fixed-point arithmetic and checked by the tests, with the two rules off):
 //
-//   - A new statement starts at f = 0 ("fast", where it is routed anyway), so the prior doubles
-//     as the minimum number of observations: three slow runs in a row demote it
-//     (f = 0.25, 0.44, 0.58), one or two never do.
 //   - From any state, three slow runs in a row demote: 1 − (3/4)³ > 1/2.
 //   - A statement whose last eight runs were fast (six, if it is not demoted) needs three slow
 //     runs to be demoted, not one or two. So a lookup with a history of fast runs that waits
 //     once on a row lock, or twice, stays in the short lane.
 //   - A demoted statement that became fast again is promoted after six fast runs (four if it
-//     had just been demoted). The gap between 1/2 and 1/5 (hysteresis) keeps a statement that
-//     is slow about half of the time from flapping: it stays demoted. A statement slow one run
-//     in three peaks at f ≈ 0.43 and stays in the short lane.
+//     had just been demoted), MinPeriod permitting. The gap between 1/2 and 1/5 (hysteresis)
+//     keeps a statement that is slow about half of the time demoted. A statement slow one run in
+//     three peaks at f ≈ 0.43 and stays in the short lane.
 //
-// α = 1/4 trades memory against reaction: smaller α forgets a lock wait more slowly but needs
-// more slow runs to demote a statement that became slow; larger α lets two slow runs demote a
-// fast lookup.
+// OnChange (Config) is called for every change under the Table's mutex, in order: changes are
+// rare, and only they take the mutex.
 //
 // # Fast reaction
 //
@@ -70,43 +82,43 @@
 //
 // # What a statement is
 //
-// A statement is its exact SQL text. Statements that differ only in literals (where id = 42,
-// where id = 43) are different statements. pgx sends arguments separately ($1), so one query
-// in the code is one text; texts with literals inlined are learned one by one. Normalising
-// literals would cost a scan of every text on every call (the key is otherwise one
-// hash of the string) and would merge texts whose cost differs with the literal (limit 10 and
-// limit 100000). The table protects itself from unbounded texts: fast runs of a statement that
-// is not tracked store nothing, and evictions prefer entries that are not demoted.
+// A statement is its SQL text with literals folded (see Fold): texts that differ only in
+// numbers, strings, lists of literals or parameters, comments or whitespace share a key, so a
+// query builder that inlines values (where id = 42, where id in (1,2,3)) is learned as one
+// statement. Key hashes the folded text in one pass over the text, without building it and
+// without allocating (BenchmarkKey compares it with a plain hash of the text). Texts whose cost
+// depends on a literal (limit 10 and limit 100000) share an entry: the price of folding.
 //
 // # Memory
 //
 // A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB),
 // grouped in sets of eight, one cache line each. A statement lives only in the set its hash
-// selects. An entry holds 46 bits of the statement's hash (a tag), f in 15 bits of fixed
-// point, the demoted bit, a recently-used bit and an in-use bit. Two texts whose hashes agree
-// in the set index and the tag share an entry; with 46 tag bits that is about one chance in
-// 10¹³ per lookup. The hash is hash/maphash with a seed per Table.
+// selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
+// point, the time of its last change in 12 bits, the proven and demoted bits, a recently-used
+// bit and an in-use bit. Two folded texts whose hashes agree in the set index (9 bits by
+// default) and the tag share an entry: about one chance in 10¹¹ per lookup with the default
+// table. The hash is hash/maphash with a seed per Table, over the folded text.
 //
-// Only statements with a slow history occupy an entry. A statement that is not demoted and
-// whose f decays below 1/64 (ten fast runs after one slow one) gives its entry up, since such an
-// entry says no more than an absent one. When a slow run of a new statement finds its set full,
-// it replaces, in this order: an entry neither demoted nor recently used, one not demoted, one
+// Every statement with a run on record occupies an entry (a proven one must be remembered to
+// leave probation). When the first run of a new statement finds its set full, it replaces, in
+// this order: an entry neither demoted nor recently used, one not demoted, one
 // demoted but not recently used, any; the lowest f first within each class. "Recently used" is
 // the not-recently-used (clock) bit: set when the statement is classified or observed, cleared
 // for the whole set when an eviction found no entry without it.
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use and allocate nothing. Demoted is eight atomic loads
+// All methods are safe for concurrent use and allocate nothing. Classify is eight atomic loads
 // in one cache line; Overran and Done also, and one compare-and-swap only when the entry
 // changes. A hot statement in steady state (fast with f at its floor, or slow and demoted with
-// f = 1) changes nothing, so any number of goroutines classify and observe it without writing
-// a shared cache line, where a mutex, even one of many stripes, would write the same line on
-// every call because a hot statement always maps to the same stripe. Transitions are computed
-// from the old word and installed by one compare-and-swap, which is why each is returned to
-// exactly one caller. Only the insertion of a new statement takes the Table's mutex, so that
-// a statement never occupies two entries; insertions follow slow runs, so their rate is bounded
-// by the number of concurrent runs divided by Threshold.
+// f = 1) changes no entry, so any number of goroutines classify and observe it without writing
+// its cache line, where a mutex, even one of many stripes, would write the same line on every
+// call because a hot statement always maps to the same stripe. Every run does add to two shared
+// counters (runs, slow runs) for the relative rule, and one run in 16 stores its key in a sample
+// ring. Each change is returned to exactly one caller. Only the insertion of a new statement and
+// a change of class take the Table's mutex, so that a statement never occupies two entries and
+// changes are seen in order (OnChange).
 //
-// A nil *Table is valid: it learns nothing, Demoted reports false and every Change is None.
+// A nil *Table is valid: it learns nothing, Classify reports Proven, Demoted reports false and
+// every Change is None.
 package stmtstats

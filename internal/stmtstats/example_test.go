@@ -7,8 +7,9 @@ import (
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
 )
 
-// A lookup that waits once on a row lock stays fast; a report that overruns three times is
-// demoted while its third run is still going, and promoted when it is fast again.
+// A lookup with a history of fast runs that waits once on a row lock stays fast; a new report
+// with no fast run on record is demoted by its first overrun, while it is still going, and stays
+// demoted for at least MinPeriod.
 func Example() {
 	t, err := stmtstats.New(stmtstats.Config{Threshold: 100 * time.Millisecond})
 	if err != nil {
@@ -32,20 +33,23 @@ func Example() {
 		t.Done(report, 1500*time.Millisecond, true) // counted already: no change
 	}
 
-	// An index was added: the report is fast now, in whatever lane it runs.
+	// An index was added: the report is fast now, in whatever lane it runs. It stays demoted
+	// for Config.MinPeriod (default 10 × Threshold, at least 1s) after its demotion, then its
+	// next fast run promotes it.
 	for i := range 4 {
 		if c := t.Done(report, 5*time.Millisecond, false); c != stmtstats.None {
 			fmt.Printf("report fast run %d: %v\n", i+1, c)
 		}
 	}
+	fmt.Println("report demoted after four fast runs:", t.Demoted(report))
 	fmt.Printf("%+v\n", t.Stat())
 	// Output:
 	// lookup waits 600ms on a lock: none
 	// lookup demoted: false
-	// report run 1 overran: none
+	// report run 1 overran: demoted
 	// report run 2 overran: none
-	// report run 3 overran: demoted
+	// report run 3 overran: none
 	// report demoted: true
-	// report fast run 4: promoted
-	// {Entries:4096 Tracked:2 Demoted:0 Demotions:1 Promotions:1 Evictions:0 EvictedDemoted:0}
+	// report demoted after four fast runs: true
+	// {Entries:4096 Tracked:2 Proven:1 Demoted:1 Demotions:1 Promotions:0 Evictions:0 EvictedDemoted:0}
 }

@@ -7,7 +7,8 @@ package stmtstats
 // Table they are a sum of per-entry snapshots, not an instant's.
 type Stat struct {
 	Entries int // the Table's capacity: Config.Entries rounded up
-	Tracked int // statements with a slow history: entries in use
+	Tracked int // statements on record: entries in use
+	Proven  int // of Tracked, statements with a fast run on record and not demoted
 	Demoted int // statements currently demoted
 
 	Demotions  uint64 // Demoted changes returned so far
@@ -34,8 +35,11 @@ func (t *Table) Stat() Stat {
 			if w != 0 {
 				st.Tracked++
 			}
-			if w&demotedBit != 0 {
+			switch {
+			case w&demotedBit != 0:
 				st.Demoted++
+			case w&provenBit != 0:
+				st.Proven++
 			}
 		}
 	}

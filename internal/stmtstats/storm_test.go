@@ -104,7 +104,7 @@ func TestConcurrentFirstRunsInsertOnce(t *testing.T) {
 	for range 500 {
 		tab := newTable(t, 8)
 		for i := range 8 {
-			play(tab, tab.Key(fmt.Sprintf("cold %d", i)), "s")
+			play(tab, tab.Key(fmt.Sprintf("cold_%d", i)), "f")
 		}
 		k := tab.Key("select pg_sleep(1.5)")
 		start := make(chan struct{})

@@ -22,10 +22,20 @@ type Config struct {
 	// short lane should hold a connection for, about 3 × the p99 of its lookups.
 	Threshold time.Duration
 	// Entries is the number of statements the Table can remember. 0 means DefaultEntries
-	// (4096, 32 KiB), enough for the statements with a slow history of a service whose code
-	// has some hundreds to a few thousand distinct statements. It is rounded up to a power of
-	// two of at least 8. At most MaxEntries.
+	// (4096, 32 KiB), enough for the statements of a service whose code has some hundreds to a
+	// few thousand distinct statements (texts that differ only in literals are one). It is
+	// rounded up to a power of two of at least 8. At most MaxEntries.
 	Entries int
+	// MinPeriod is the least time between two changes of one statement: a statement demoted
+	// stays demoted at least this long, and one promoted stays promoted at least this long, so
+	// that no statement flaps faster than one cycle per 2 × MinPeriod. 0 means 10 × Threshold,
+	// within [1s, 1m]; negative means none (for tests).
+	MinPeriod time.Duration
+	// OnChange, if set, is called for every Demoted and Promoted change, with the Table's mutex
+	// held: calls come one at a time, in the order of the changes. sql is the text the caller
+	// passed with the observation that caused it (OverranText, DoneText), "" otherwise. It must
+	// be quick and must not call the Table.
+	OnChange func(k Key, c Change, sql string)
 }
 
 // Key identifies a statement in one Table. Keys of one Table mean nothing to another.
@@ -52,27 +62,58 @@ func (c Change) String() string {
 	return fmt.Sprintf("Change(%d)", uint8(c))
 }
 
+// Class is what the Table knows of a statement, for routing.
+type Class uint8
+
+const (
+	Unproven Class = iota // no fast run on record: on probation
+	Proven                // at least one fast run on record, and not demoted
+	Slow                  // demoted: route it out of the short lane
+)
+
+func (c Class) String() string {
+	switch c {
+	case Unproven:
+		return "unproven"
+	case Proven:
+		return "proven"
+	case Slow:
+		return "slow"
+	}
+	return fmt.Sprintf("Class(%d)", uint8(c))
+}
+
 // An entry is one word:
 //
-//	bits 18..63  tag: the same bits of the statement's Key
-//	bit  17      used: the entry holds a statement (a word without it is 0, free)
-//	bit  16      ref: recently used, for eviction
-//	bit  15      demoted
-//	bits  0..14  f: the weighted fraction of slow runs, in units of 1/one
+//	bits 29..63  tag: the same bits of the statement's Key
+//	bit  28      used: the entry holds a statement (a word without it is 0, free)
+//	bit  27      ref: recently used, for eviction
+//	bit  26      demoted
+//	bit  25      proven: a fast run is on record
+//	bits 13..24  at: when the statement last changed, in ticks of MinPeriod/8 (mod 4096)
+//	bits  0..12  f: the weighted fraction of slow runs, in units of 1/one
 const (
 	ways = 8 // entries per set: 64 bytes, one cache line
 
-	fracMask   = 1<<15 - 1
-	demotedBit = 1 << 15
-	refBit     = 1 << 16
-	usedBit    = 1 << 17
-	tagShift   = 18
+	fracMask   = 1<<13 - 1
+	atShift    = 13
+	atMask     = 1<<12 - 1
+	provenBit  = 1 << 25
+	demotedBit = 1 << 26
+	refBit     = 1 << 27
+	usedBit    = 1 << 28
+	tagShift   = 29
 
-	one         = 1 << 14  // f = 1
-	step        = one / 4  // α = 1/4
-	demoteAt    = one / 2  // demote when f >= 1/2
-	promoteAt   = one / 5  // promote when f <= 1/5 (3276/16384)
-	forgetBelow = one / 64 // a statement not demoted with f below this gives its entry up
+	one       = 1 << 12 // f = 1
+	step      = one / 4 // α = 1/4
+	demoteAt  = one / 2 // demote when f >= 1/2
+	promoteAt = one / 5 // promote when f <= 1/5 (819/4096)
+
+	ticksPerPeriod = 8 // a change needs at least this many ticks since the last one
+
+	// minRuns: below this many runs in the last window or two, the relative rule cannot tell a
+	// statement from the rest of the lane, and it holds a demotion back.
+	minRuns = 16
 )
 
 type set [ways]atomic.Uint64
@@ -83,12 +124,31 @@ type Table struct {
 	seed      maphash.Seed
 	sets      []set
 	mask      uint64 // len(sets) - 1
+	tick      int64  // nanoseconds per tick of an entry's at field; 0: no MinPeriod
+	window    int64  // nanoseconds, max(Threshold, 1s): the relative rule looks at the runs of the last one or two
+	onChange  func(Key, Change, string)
+	epoch     time.Time // ticks and windows count from here (monotonic)
 
 	demotions  atomic.Uint64
 	promotions atomic.Uint64
 
-	// mu serialises insertions, so that a statement never occupies two entries of its set.
-	// Lookups and updates of an entry in place do not take it.
+	// runs and slowRuns count every observation since New; the window marks are their values
+	// when the current window (cur) and the one before it (prev) began. Only roll, under mu,
+	// moves the marks; readers load them without it (a window read across a roll is off by
+	// at most one window's runs).
+	runs, slowRuns atomic.Uint64
+	// sample holds the keys (| 1, so that none is 0) of one run in sampleEvery, the last
+	// len(sample) of them: which statements Short runs most.
+	sample               [16]atomic.Uint64
+	winStart             atomic.Int64 // ns since epoch when the current window began
+	prevRuns, prevSlow   atomic.Uint64
+	curRuns, curSlow     atomic.Uint64
+	minRunsForRelative   uint64
+	relativeDisabledTest bool // export_test.go: the rule off, for tests of the fraction alone
+
+	// mu serialises insertions, so that a statement never occupies two entries of its set, and
+	// changes, so that OnChange sees them in order. Lookups and updates of an entry in place
+	// that change no classification do not take it.
 	mu             sync.Mutex
 	evictions      uint64 // guarded by mu
 	evictedDemoted uint64 // guarded by mu
@@ -109,12 +169,24 @@ func New(cfg Config) (*Table, error) {
 		n = ways
 	}
 	n = 1 << bits.Len(uint(n-1)) // round up to a power of two
-	return &Table{
-		threshold: cfg.Threshold,
-		seed:      maphash.MakeSeed(),
-		sets:      make([]set, n/ways),
-		mask:      uint64(n/ways - 1),
-	}, nil
+	mp := cfg.MinPeriod
+	if mp == 0 {
+		mp = min(max(10*cfg.Threshold, time.Second), time.Minute)
+	}
+	t := &Table{
+		threshold:          cfg.Threshold,
+		seed:               maphash.MakeSeed(),
+		sets:               make([]set, n/ways),
+		mask:               uint64(n/ways - 1),
+		window:             int64(max(cfg.Threshold, time.Second)),
+		onChange:           cfg.OnChange,
+		epoch:              time.Now(),
+		minRunsForRelative: minRuns,
+	}
+	if mp > 0 {
+		t.tick = max(int64(mp)/ticksPerPeriod, 1)
+	}
+	return t, nil
 }
 
 // Threshold returns Config.Threshold: the caller reports a run still going after it with
@@ -126,79 +198,113 @@ func (t *Table) Threshold() time.Duration {
 	return t.threshold
 }
 
-// Key returns the key of the statement with the given SQL text. It hashes the text and does not
-// retain it.
+// Key returns the key of the statement with the given SQL text: a hash of the text with its
+// literals, comments and redundant whitespace folded (see Fold). It does not allocate and does
+// not retain the text.
 func (t *Table) Key(sql string) Key {
 	if t == nil {
 		return 0
 	}
-	return Key(maphash.String(t.seed, sql))
+	return Key(foldHash(t.seed, sql))
 }
 
-// Demoted reports whether the statement is currently classified slow. A statement the Table
-// does not know is not demoted.
-func (t *Table) Demoted(k Key) bool {
+// Classify returns what the Table knows of the statement, and marks its entry recently used.
+// A statement the Table does not know is Unproven.
+func (t *Table) Classify(k Key) Class {
 	if t == nil {
-		return false
+		return Proven
 	}
 	s := &t.sets[uint64(k)&t.mask]
 	i, w := s.find(k)
 	if i < 0 {
-		return false
+		return Unproven
 	}
 	if w&refBit == 0 {
 		s[i].CompareAndSwap(w, w|refBit) // a hint: if the word changed meanwhile, so be it
 	}
-	return w&demotedBit != 0
+	switch {
+	case w&demotedBit != 0:
+		return Slow
+	case w&provenBit != 0:
+		return Proven
+	}
+	return Unproven
 }
+
+// Demoted reports whether the statement is currently classified slow. A statement the Table
+// does not know is not demoted.
+func (t *Table) Demoted(k Key) bool { return t.Classify(k) == Slow }
 
 // Overran records that a run of the statement is still going after Threshold: it counts as one
 // slow run now. Call it at most once per run, and pass overran = true to that run's Done.
-func (t *Table) Overran(k Key) Change {
+func (t *Table) Overran(k Key) Change { return t.OverranText(k, "") }
+
+// OverranText is Overran, with the statement's text for OnChange.
+func (t *Table) OverranText(k Key, sql string) Change {
 	if t == nil {
 		return None
 	}
-	return t.observe(k, true)
+	return t.observe(k, true, sql)
 }
 
 // Done records that a run of the statement ended after d. If overran is true the run was
 // already counted by Overran and Done changes nothing, whatever d is; otherwise the run counts
 // as slow if d >= Threshold and as fast if not.
 func (t *Table) Done(k Key, d time.Duration, overran bool) Change {
+	return t.DoneText(k, "", d, overran)
+}
+
+// DoneText is Done, with the statement's text for OnChange.
+func (t *Table) DoneText(k Key, sql string, d time.Duration, overran bool) Change {
 	if t == nil || overran {
 		return None
 	}
-	return t.observe(k, d >= t.threshold)
+	return t.observe(k, d >= t.threshold, sql)
 }
 
 // observe counts one run of the statement.
-func (t *Table) observe(k Key, slow bool) Change {
+func (t *Table) observe(k Key, slow bool, sql string) Change {
+	r := t.runs.Add(1)
+	if slow {
+		t.slowRuns.Add(1)
+	}
+	var now int64 // read lazily: a fast run of a settled statement reads no clock
+	if r%sampleEvery == 0 {
+		t.sample[r/sampleEvery%uint64(len(t.sample))].Store(uint64(k) | 1)
+	}
+	if slow || r%64 == 0 {
+		now = t.now()
+		t.roll(now)
+	}
 	s := &t.sets[uint64(k)&t.mask]
 	for {
 		i, w := s.find(k)
 		if i < 0 {
-			if !slow {
-				return None // an absent statement is one with no slow history: nothing to learn
-			}
-			if t.insert(s, k) {
-				return None // one slow run never demotes
+			if ok, c := t.insert(s, k, slow, sql); ok {
+				return c
 			}
 			continue // inserted by someone else meanwhile: update it
 		}
 		nw, c := next(w, slow)
-		if nw == w || s[i].CompareAndSwap(w, nw) {
-			switch c {
-			case Demoted:
-				t.demotions.Add(1)
-			case Promoted:
-				t.promotions.Add(1)
+		if c != None {
+			if now == 0 {
+				now = t.now()
 			}
+			if t.allowed(k, w, c, now) {
+				return t.change(s, k, slow, sql, now)
+			}
+			nw, c = nw&^demotedBit|w&demotedBit, None // held back: the fraction moves, the class stays
+			if t.asSlowAsTheLane(k, w, slow) {
+				nw |= provenBit
+			}
+		}
+		if nw == w || s[i].CompareAndSwap(w, nw) {
 			return c
 		}
 	}
 }
 
-// next returns the entry w after one more run, and the change it makes.
+// next returns the entry w after one more run, and the change the fraction alone asks for.
 func next(w uint64, slow bool) (uint64, Change) {
 	f := w & fracMask
 	f -= f >> 2
@@ -206,30 +312,183 @@ func next(w uint64, slow bool) (uint64, Change) {
 		f += step
 	}
 	nw := w&^fracMask | f | refBit
+	if !slow {
+		nw |= provenBit
+	}
 	demoted := w&demotedBit != 0
 	switch {
-	case !demoted && f >= demoteAt:
+	// A statement with no fast run on record has no history to protect: its first slow run
+	// demotes it. One with a fast history needs the fraction (three slow runs in a row).
+	case !demoted && slow && (f >= demoteAt || w&provenBit == 0):
 		return nw | demotedBit, Demoted
 	case demoted && f <= promoteAt:
 		return nw &^ demotedBit, Promoted
-	case !demoted && f < forgetBelow:
-		return 0, None
 	}
 	return nw, None
 }
 
-// insert adds the statement to its set after a first slow run, evicting an entry if the set is
-// full. It returns false, inserting nothing, if the statement is already in the set.
-func (t *Table) insert(s *set, k Key) bool {
+// allowed reports whether a change that the fraction asks for may happen now: not sooner than
+// MinPeriod after the statement's last change, and, for a demotion, only when the statement is
+// slow relative to what Short runs: at least twice as often slow as all of the Table's runs in
+// the last window or two.
+func (t *Table) allowed(k Key, w uint64, c Change, now int64) bool {
+	if t.tick > 0 && w&usedBit != 0 {
+		since := (uint64(now/t.tick) - (w>>atShift)&atMask) & atMask
+		if since < ticksPerPeriod {
+			return false
+		}
+	}
+	if c != Demoted {
+		return true
+	}
+	f, _ := next(w, true)
+	return t.relative(k, f&fracMask)
+}
+
+// asSlowAsTheLane reports whether a slow run of a statement not demoted was held back by the
+// relative rule itself (enough runs to compare, and the lane as slow as the statement): the
+// statement is then as good as proven, so that a saturated server does not keep its hottest
+// statement on probation.
+func (t *Table) asSlowAsTheLane(k Key, w uint64, slow bool) bool {
+	if !slow || w&demotedBit != 0 || t.relativeDisabledTest {
+		return false
+	}
+	if t.runs.Load()-t.prevRuns.Load() < t.minRunsForRelative {
+		return false
+	}
+	f, _ := next(w, true)
+	return !t.relative(k, f&fracMask)
+}
+
+// relative reports whether a statement whose fraction of slow runs is f stands out from the
+// runs of the last window or two: it is slow at least twice as often as they are, and it is not
+// the lane's hottest statement (at most half of the sampled recent runs are its own).
+func (t *Table) relative(k Key, f uint64) bool {
+	if t.relativeDisabledTest {
+		return true
+	}
+	if t.hot(k) {
+		return false
+	}
+	runs := t.runs.Load() - t.prevRuns.Load()
+	if runs < t.minRunsForRelative {
+		return false // too few runs to tell the statement from the rest of the lane
+	}
+	slow := t.slowRuns.Load() - t.prevSlow.Load()
+	// g = slow/runs; demote only if f >= 2g, that is f·runs >= 2·slow·one.
+	return f*runs >= 2*slow*one
+}
+
+// change installs a change under mu: the word is read again, the change decided again with the
+// word as it is now, and OnChange told before mu is released.
+func (t *Table) change(s *set, k Key, slow bool, sql string, now int64) Change {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for {
+		i, w := s.find(k)
+		if i < 0 {
+			return None // evicted meanwhile; its next run starts again
+		}
+		nw, c := next(w, slow)
+		if c != None && !t.allowed(k, w, c, now) {
+			nw, c = nw&^demotedBit|w&demotedBit, None
+			if t.asSlowAsTheLane(k, w, slow) {
+				nw |= provenBit
+			}
+		}
+		if c != None {
+			nw = nw&^(atMask<<atShift) | (uint64(now/t.tickOr1())&atMask)<<atShift
+		}
+		if nw != w && !s[i].CompareAndSwap(w, nw) {
+			continue
+		}
+		t.report(k, c, sql)
+		return c
+	}
+}
+
+// report counts a change and tells OnChange. Caller must hold mu.
+func (t *Table) report(k Key, c Change, sql string) {
+	switch c {
+	case Demoted:
+		t.demotions.Add(1)
+	case Promoted:
+		t.promotions.Add(1)
+	default:
+		return
+	}
+	if t.onChange != nil {
+		t.onChange(k, c, sql)
+	}
+}
+
+func (t *Table) tickOr1() int64 { return max(t.tick, 1) }
+
+func (t *Table) now() int64 { return max(int64(time.Since(t.epoch)), 1) }
+
+// sampleEvery: one run in this many is sampled into Table.sample.
+const sampleEvery = 16
+
+// hot reports whether at least half of the sampled recent runs are the statement's own, or fewer
+// than four runs were sampled yet (too early to tell): moving a lane's hottest statement to
+// Long's small capacity makes an overload worse, whatever its run times.
+func (t *Table) hot(k Key) bool {
+	n, mine := 0, 0
+	for i := range t.sample {
+		v := t.sample[i].Load()
+		if v == 0 {
+			continue
+		}
+		n++
+		if (v^uint64(k))>>tagShift == 0 {
+			mine++
+		}
+	}
+	return n < 4 || 2*mine >= n
+}
+
+// roll starts a new window when the current one is over.
+func (t *Table) roll(now int64) {
+	if now-t.winStart.Load() < t.window || !t.mu.TryLock() {
+		return // a window rolls late rather than making a run wait for the mutex
+	}
+	if now-t.winStart.Load() >= t.window {
+		t.prevRuns.Store(t.curRuns.Load())
+		t.prevSlow.Store(t.curSlow.Load())
+		t.curRuns.Store(t.runs.Load())
+		t.curSlow.Store(t.slowRuns.Load())
+		t.winStart.Store(now)
+	}
+	t.mu.Unlock()
+}
+
+// insert adds the statement to its set after its first run, evicting an entry if the set is
+// full; a first slow run may demote it at once (see next), which insert returns. It returns
+// false, inserting nothing, if the statement is already in the set.
+func (t *Table) insert(s *set, k Key, slow bool, sql string) (bool, Change) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for {
 		// Only insert adds statements, and it holds mu: k cannot appear after this check.
 		if i, _ := s.find(k); i >= 0 {
-			return false
+			return false, None
+		}
+		now := t.now()
+		// A new statement may change at once: its at lies a whole period back.
+		at := (uint64(now/t.tickOr1()) - ticksPerPeriod) & atMask
+		base := uint64(k)>>tagShift<<tagShift | usedBit | refBit | at<<atShift
+		nw, c := next(base, slow)
+		if c == Demoted && !t.allowed(k, base, c, now) {
+			nw, c = nw&^demotedBit, None
+			if t.asSlowAsTheLane(k, base, slow) {
+				nw |= provenBit
+			}
+		}
+		if c != None {
+			nw = nw&^(atMask<<atShift) | (uint64(now/t.tickOr1())&atMask)<<atShift
 		}
 		v, old := s.victim()
-		if !s[v].CompareAndSwap(old, uint64(k)>>tagShift<<tagShift|usedBit|refBit|step) {
+		if !s[v].CompareAndSwap(old, nw) {
 			continue // the victim was updated or freed meanwhile: choose again
 		}
 		if old != 0 {
@@ -241,7 +500,8 @@ func (t *Table) insert(s *set, k Key) bool {
 				s.clearRefs(v) // every candidate was recently used: start a new round
 			}
 		}
-		return true
+		t.report(k, c, sql)
+		return true, c
 	}
 }
 

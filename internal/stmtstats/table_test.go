@@ -22,10 +22,13 @@ const (
 	lockWait  = 600 * time.Millisecond
 )
 
+// newTable returns a Table of the fraction alone: no MinPeriod, no relative rule (tests of those
+// make their own).
 func newTable(t testing.TB, entries int) *stmtstats.Table {
 	t.Helper()
-	tab, err := stmtstats.New(stmtstats.Config{Threshold: threshold, Entries: entries})
+	tab, err := stmtstats.New(stmtstats.Config{Threshold: threshold, Entries: entries, MinPeriod: -1})
 	require.NoError(t, err)
+	stmtstats.NoRelative(tab)
 	return tab
 }
 
@@ -75,21 +78,26 @@ func TestDecision(t *testing.T) {
 		{"one lock wait among many fast runs", r("f", 1000) + "s" + r("f", 1000), nil, false},
 		{"one overran lock wait among many fast runs", r("f", 1000) + "o" + r("f", 1000), nil, false},
 		{"two lock waits in a row after a fast history", r("f", 1000) + "ss", nil, false},
-		{"two slow, six fast, two slow again", "ss" + r("f", 6) + "ss", nil, false},
-		{"one slow run of a new statement", "s", nil, false},
-		{"two slow runs of a new statement", "ss", nil, false},
-		{"three slow runs demote a new statement", "sss", []string{"2:demoted"}, true},
-		{"three overruns demote a new statement", "OOO", []string{"2:demoted"}, true},
-		{"three overran runs demote", "ooo", []string{"2:demoted"}, true},
+		{"two slow, six fast, two slow again", "f" + "ss" + r("f", 6) + "ss", nil, false},
+		{"one slow run after one fast run", "fs", nil, false},
+		{"two slow runs after one fast run", "fss", nil, false},
+		{"three slow runs demote", "fsss", []string{"3:demoted"}, true},
+		{"three overruns demote", "fOOO", []string{"3:demoted"}, true},
+		{"three overran runs demote", "fooo", []string{"3:demoted"}, true},
 		{"three slow runs demote a lookup with a fast history", r("f", 1000) + "sss", []string{"1002:demoted"}, true},
-		{"mostly slow runs demote", "sfsfss", []string{"5:demoted"}, true},
-		{"Done after Overran does not count the run again", "OdOd", nil, false},
-		{"Done after Overran ignores d", "OOf" + "d", nil, false},
-		{"just demoted: promoted after four fast runs", "sss" + "ffff", []string{"2:demoted", "6:promoted"}, false},
-		{"long slow: promoted after six fast runs", r("s", 50) + r("f", 6), []string{"2:demoted", "55:promoted"}, false},
-		{"slow half the time stays demoted", r("sf", 50), []string{"6:demoted"}, true},
-		{"slow one run in three stays in short", r("sff", 50), nil, false},
-		{"demoted again after promotion", "sss" + r("f", 20) + "sss", []string{"2:demoted", "6:promoted", "25:demoted"}, true},
+		{"mostly slow runs demote", "fsfsfss", []string{"6:demoted"}, true},
+		{"Done after Overran does not count the run again", "fOdOd", nil, false},
+		{"Done after Overran ignores d", "fOOf" + "d", nil, false},
+		{"just demoted: promoted after four fast runs", "fsss" + "ffff", []string{"3:demoted", "7:promoted"}, false},
+		{"long slow: promoted after six fast runs", "f" + r("s", 50) + r("f", 6), []string{"3:demoted", "56:promoted"}, false},
+		{"slow half the time stays demoted", "f" + r("sf", 50), []string{"7:demoted"}, true},
+		{"slow one run in three stays in short", "f" + r("sff", 50), nil, false},
+		{"demoted again after promotion", "fsss" + r("f", 20) + "sss", []string{"3:demoted", "7:promoted", "26:demoted"}, true},
+		// Probation: a statement with no fast run on record has no history to protect.
+		{"the first run of a new statement is slow: demoted", "s", []string{"0:demoted"}, true},
+		{"the first run of a new statement overran: demoted", "O", []string{"0:demoted"}, true},
+		{"slow from the start: demoted once", r("s", 20), []string{"0:demoted"}, true},
+		{"demoted new statement, fast since: promoted", "s" + r("f", 3), []string{"0:demoted", "1:promoted"}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -129,10 +137,10 @@ func TestDecisionProperties(t *testing.T) {
 	}
 	check("any history then three slow runs: demoted", last("sss"))
 	check("any history then three overruns: demoted", last("OOO"))
-	check("any history then six fast runs: not demoted", func(h string) bool { return !last(strings.Repeat("f", 6))(h) })
-	check("any history then eight fast runs then two slow: not demoted", func(h string) bool {
-		return !last(strings.Repeat("f", 8) + "ss")(h)
+	check("a fast run, any history, then eight fast runs and two slow: not demoted", func(h string) bool {
+		return !last(strings.Repeat("f", 8) + "ss")("f" + h)
 	})
+	check("any history then six fast runs: not demoted", func(h string) bool { return !last(strings.Repeat("f", 6))(h) })
 	check("changes alternate, start with a demotion, and match Demoted", func(h string) bool {
 		tab := newTable(t, 0)
 		k := tab.Key("q")
@@ -167,25 +175,26 @@ func TestStatementsAreIndependent(t *testing.T) {
 	play(tab, slow, "sss")
 	assert.True(t, tab.Demoted(slow))
 	assert.False(t, tab.Demoted(fast))
-	assert.False(t, tab.Demoted(tab.Key("select pg_sleep(1.6)")), "texts that differ in a literal are different statements")
+	assert.True(t, tab.Demoted(tab.Key("select pg_sleep(1.6)")), "texts that differ only in a literal are one statement")
+	assert.Equal(t, stmtstats.Unproven, tab.Classify(fast))
+	play(tab, fast, "f")
+	assert.Equal(t, stmtstats.Proven, tab.Classify(fast))
+	assert.Equal(t, stmtstats.Slow, tab.Classify(slow))
 	st := tab.Stat()
-	assert.Equal(t, stmtstats.Stat{Entries: stmtstats.DefaultEntries, Tracked: 1, Demoted: 1, Demotions: 1}, st)
+	assert.Equal(t, stmtstats.Stat{Entries: stmtstats.DefaultEntries, Tracked: 2, Proven: 1, Demoted: 1, Demotions: 1}, st)
 }
 
-func TestFastStatementsStoreNothing(t *testing.T) {
+// A fast run puts a statement on record as proven; a settled fast statement changes nothing.
+func TestFastRunsProve(t *testing.T) {
 	tab := newTable(t, 8)
 	for i := range 1000 {
-		k := tab.Key(fmt.Sprintf("select %d", i))
+		k := tab.Key(fmt.Sprintf("select c%d from t", i))
 		assert.Equal(t, stmtstats.None, tab.Done(k, fastRun, false))
 	}
-	assert.Zero(t, tab.Stat().Tracked)
-
-	// A statement slow once gives its entry up after ten fast runs.
-	k := tab.Key("select 1")
-	play(tab, k, "s"+strings.Repeat("f", 9))
-	assert.Equal(t, 1, tab.Stat().Tracked)
-	play(tab, k, "f")
-	assert.Zero(t, tab.Stat().Tracked)
+	st := tab.Stat()
+	assert.Equal(t, 8, st.Tracked)
+	assert.Equal(t, 8, st.Proven)
+	assert.Equal(t, uint64(1000-8), st.Evictions, "a full set evicts proven statements: they only go back to probation")
 }
 
 func TestEviction(t *testing.T) {
@@ -196,7 +205,7 @@ func TestEviction(t *testing.T) {
 		play(tab, a, "sss")
 		play(tab, b, "ooo")
 		for i := range 1000 {
-			play(tab, tab.Key(fmt.Sprintf("cold %d", i)), "s")
+			play(tab, tab.Key(fmt.Sprintf("cold_%d", i)), "fs")
 		}
 		assert.True(t, tab.Demoted(a))
 		assert.True(t, tab.Demoted(b))
@@ -210,25 +219,25 @@ func TestEviction(t *testing.T) {
 		for _, used := range []bool{true, false} {
 			tab := newTable(t, 8)
 			x := tab.Key("search")
-			play(tab, x, "ss") // two slow runs: one more demotes it, if it is remembered
+			play(tab, x, "fss") // a fast run, two slow runs: one more demotes it, if it is remembered
 			for i := range 100 {
-				play(tab, tab.Key(fmt.Sprintf("cold %d", i)), "s")
+				play(tab, tab.Key(fmt.Sprintf("cold_%d", i)), "fs")
 				if used {
 					tab.Demoted(x) // classified: the search runs all the time
 				}
 			}
-			changes, _ := play(tab, x, "s")
-			if used {
-				assert.Equal(t, []string{"0:demoted"}, changes, "history kept")
-			} else {
-				assert.Empty(t, changes, "history evicted")
+			if !used {
+				assert.Equal(t, stmtstats.Unproven, tab.Classify(x), "history evicted")
+				continue
 			}
+			changes, _ := play(tab, x, "s")
+			assert.Equal(t, []string{"0:demoted"}, changes, "history kept")
 		}
 	})
 	t.Run("a full set of demoted entries evicts one and says so", func(t *testing.T) {
 		tab := newTable(t, 8)
 		for i := range 9 {
-			play(tab, tab.Key(fmt.Sprintf("report %d", i)), "sss")
+			play(tab, tab.Key(fmt.Sprintf("report_%d", i)), "sss")
 		}
 		st := tab.Stat()
 		assert.Equal(t, stmtstats.Stat{Entries: 8, Tracked: 8, Demoted: 8, Demotions: 9, Evictions: 1, EvictedDemoted: 1}, st)

@@ -175,6 +175,15 @@ func (c *Conn) Stage(target string) {
 	c.mu.Unlock()
 }
 
+// Pending reports whether staged settings or a queued query wait for the next request. A request
+// written to the network past the Conn (pgconn's ExecBatch, where the Conn is the reader and
+// writer of pgconn's frontend rather than its net.Conn) goes out without them.
+func (c *Conn) Pending() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.staged != c.applied || c.after != ""
+}
+
 // After queues sql to be sent right after the next request, in the same write; "" drops a queued
 // query that was not sent.
 func (c *Conn) After(sql string) {

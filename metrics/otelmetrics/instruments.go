@@ -38,6 +38,10 @@ const (
 	waitName, waitDesc                    = "db.client.connection.wait_time", "The time it took to obtain an open connection from the pool."
 	useName, useDesc                      = "db.client.connection.use_time", "The time between borrowing a connection and returning it to the pool."
 	seconds                               = "s"
+
+	// pgxlanes' own, outside the conventions.
+	holdP99Name, holdP99Desc = "pgxlanes.lane.hold.p99", "The 99th percentile of the lane's hold times over the last one to two minutes."
+	advisedName, advisedDesc = "pgxlanes.lane.advised_timeout", "The timeout the design notes advise for the lane's work: 3 × its observed hold p99."
 )
 
 // Bucket boundaries of the histograms, in seconds, given to the SDK as advice: those of the

@@ -311,13 +311,15 @@ func TestSemconvNames(t *testing.T) {
 		{dbconv.ClientConnectionWaitTime{}.Name(), dbconv.ClientConnectionWaitTime{}.Unit()},
 		{dbconv.ClientConnectionUseTime{}.Name(), dbconv.ClientConnectionUseTime{}.Unit()},
 		{dbconv.ClientConnectionCreateTime{}.Name(), dbconv.ClientConnectionCreateTime{}.Unit()},
+		{"pgxlanes.lane.hold.p99", "s"}, // pgxlanes' own, outside the conventions
+		{"pgxlanes.lane.advised_timeout", "s"},
 	} {
 		m, ok := got[want.name]
 		if assert.True(t, ok, "no instrument %s", want.name) {
 			assert.Equal(t, want.unit, m.Unit, want.name)
 		}
 	}
-	assert.Len(t, got, 9)
+	assert.Len(t, got, 11)
 	assert.Equal(t, "db.client.connection.pool.name", string(otelmetrics.PoolNameKey))
 	assert.Equal(t, "db.client.connection.state", string(otelmetrics.StateKey))
 	assert.Equal(t, "idle", string(dbconv.ClientConnectionStateIdle))

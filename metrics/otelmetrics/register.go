@@ -66,6 +66,10 @@ func Register(pool *pgxlanes.Pool, opts ...Option) (*Registration, error) {
 	c.pending = upDown(pendingName, pendingUnit, pendingDesc)
 	c.timeouts, err = m.Int64ObservableCounter(timeoutsName, metric.WithUnit(timeoutsUnit), metric.WithDescription(timeoutsDesc))
 	errs = append(errs, err)
+	c.holdP99, err = m.Float64ObservableGauge(holdP99Name, metric.WithUnit(seconds), metric.WithDescription(holdP99Desc))
+	errs = append(errs, err)
+	c.advised, err = m.Float64ObservableGauge(advisedName, metric.WithUnit(seconds), metric.WithDescription(advisedDesc))
+	errs = append(errs, err)
 	ob := &observer{}
 	ob.wait, err = histogram(m, waitName, waitDesc, waitBuckets)
 	errs = append(errs, err)
@@ -98,7 +102,7 @@ func Register(pool *pgxlanes.Pool, opts ...Option) (*Registration, error) {
 		return nil, err
 	}
 
-	reg, err := m.RegisterCallback(c.observe, c.count, c.max, c.idleMax, c.idleMin, c.pending, c.timeouts)
+	reg, err := m.RegisterCallback(c.observe, c.count, c.max, c.idleMax, c.idleMin, c.pending, c.timeouts, c.holdP99, c.advised)
 	if err != nil {
 		return nil, fmt.Errorf("otelmetrics: registering the callback: %w", err)
 	}
@@ -114,6 +118,7 @@ type collector struct {
 
 	count, max, idleMax, idleMin, pending metric.Int64ObservableUpDownCounter
 	timeouts                              metric.Int64ObservableCounter
+	holdP99, advised                      metric.Float64ObservableGauge // per lane, pgxlanes' own
 
 	poolOnly, idle metric.ObserveOption   // the pool name; the pool name and state=idle
 	used, lane     []metric.ObserveOption // per lane: with state=used; without state
@@ -128,6 +133,8 @@ func (c *collector) observe(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(c.count, int64(ls.InUse), c.used[i])
 		o.ObserveInt64(c.pending, int64(ls.Waiting), c.lane[i])
 		o.ObserveInt64(c.timeouts, ls.Timeouts, c.lane[i])
+		o.ObserveFloat64(c.holdP99, ls.HoldP99.Seconds(), c.lane[i])
+		o.ObserveFloat64(c.advised, ls.AdvisedTimeout.Seconds(), c.lane[i])
 	}
 	o.ObserveInt64(c.max, int64(s.MaxConns()), c.poolOnly)
 	o.ObserveInt64(c.idleMax, c.maxConns, c.poolOnly)

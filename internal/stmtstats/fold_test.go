@@ -1,0 +1,114 @@
+package stmtstats_test
+
+import (
+	"fmt"
+	"hash/maphash"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
+)
+
+func TestFold(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"select 1", "select ?"},
+		{"  select\n\t1 ;  ", "select ? ;"},
+		{"select * from t where id = 42", "select * from t where id = ?"},
+		{"select * from t where id = -3.5e-2 and a-1 > 0", "select * from t where id = ? and a-? > ?"},
+		{"select * from t1 where c2 = 0x1F and c3 = 1_000", "select * from t1 where c2 = ? and c3 = ?"},
+		{"select * from t where d > '2026-11-25' and n = 'it''s'", "select * from t where d > ? and n = ?"},
+		{`select E'a\'b', $$x$$, $tag$ y $ $tag$`, "select E?, ?, ?"},
+		{"select * from t where id in (1, 2, 3)", "select * from t where id in (?)"},
+		{"select * from t where id in (4)", "select * from t where id in (?)"},
+		{"select * from t where id in ($1,$2,$3) and x = $4", "select * from t where id in (?) and x = $4"},
+		{"select * from t where s in ('a', 'b' /* c */, -- d\n 'e')", "select * from t where s in (?)"},
+		{"select f(a, 1) from t", "select f(a, ?) from t"},
+		{"select /* hint 7 */ a -- trailing 8\nfrom t", "select a from t"},
+		{`select "col 1", "t""2" from t`, `select "col 1", "t""2" from t`},
+		{"select pg_sleep(1.5)", "select pg_sleep(?)"},
+		{"select a$1 from t", "select a$1 from t"},
+		{"", ""},
+		{"'unterminated", "?"},
+		{"/* unterminated", ""},
+	} {
+		assert.Equal(t, tt.want, stmtstats.Fold(tt.in, 1000), "%q", tt.in)
+	}
+	assert.Equal(t, "select * from…", stmtstats.Fold("select * from t where id = 1", 13))
+	assert.Equal(t, "é…", stmtstats.Fold("éé", 3), "a rune is never cut")
+}
+
+func TestKeyFoldsLiterals(t *testing.T) {
+	tab := newTable(t, 0)
+	same := [][]string{
+		{"select * from orders where created_at > '2026-11-25' and total > 100",
+			"select * from orders where created_at > '2025-01-01' and total > 7.5",
+			"select  *  from orders /* report */ where created_at > '1999-12-31'\n and total > -1"},
+		{"select * from t where id in (1,2,3)", "select * from t where id in (4)", "select * from t where id in (5, 6, 7, 8, 9, 10)",
+			"select * from t where id in ($1, $2)"},
+		{"select pg_sleep(1.5)", "select pg_sleep(1.6)", "select pg_sleep(0.25) -- tag"},
+	}
+	var keys []stmtstats.Key
+	for _, group := range same {
+		k := tab.Key(group[0])
+		for _, s := range group[1:] {
+			assert.Equal(t, k, tab.Key(s), "%q and %q", group[0], s)
+		}
+		keys = append(keys, k)
+	}
+	differ := []string{"select * from t where id = $1", "select * from t where id = $2", "select * from t1 where id = $1",
+		"select * from t where ID = $1", `select * from "t1" where id = $1`}
+	for i, a := range differ {
+		for _, b := range differ[i+1:] {
+			assert.NotEqual(t, tab.Key(a), tab.Key(b), "%q and %q", a, b)
+		}
+	}
+	require.NotEqual(t, keys[0], keys[1])
+	assert.Zero(t, testing.AllocsPerRun(100, func() { tab.Key(same[0][2]) }), "Key allocates nothing")
+}
+
+func FuzzFold(f *testing.F) {
+	for _, s := range []string{"select 1", "select * from t where id in (1,2) and s = 'x'", "$a$ $$", "/* /* */", "E'\\'", "((1,"} {
+		f.Add(s)
+	}
+	seed := maphash.MakeSeed()
+	f.Fuzz(func(t *testing.T, s string) {
+		folded := stmtstats.Fold(s, len(s)+8)
+		// Folding is idempotent: the folded text is its own fold, and keys agree.
+		assert.Equal(t, folded, stmtstats.Fold(folded, len(folded)+8))
+		tab := newTable(t, 0)
+		assert.Equal(t, tab.Key(s), tab.Key(folded))
+		_ = seed
+	})
+}
+
+// BenchmarkKey: the key of a statement, folded, against a plain hash of the text (what the key
+// cost before folding). Texts of 40, 90 and 300 bytes, with and without literals.
+func BenchmarkKey(b *testing.B) {
+	texts := map[string]string{
+		"Len=40/Literals=0":  "select name from users where id = $1",
+		"Len=90/Literals=0":  "select id, name, email, created_at from users where tenant = $1 and id = $2 order by id",
+		"Len=90/Literals=3":  "select id, name, email from users where tenant = 42 and created_at > '2026-11-25' and id in (1,2,3)",
+		"Len=300/Literals=0": fmt.Sprintf("select %s from orders o join users u on u.id = o.user_id where o.tenant = $1 and o.state = $2 order by o.created_at desc limit $3", "o.id, o.total, o.state, o.created_at, o.updated_at, u.name, u.email, u.created_at, o.note, o.ref, o.channel, o.currency, o.discount, o.tax, o.shipping"),
+	}
+	seed := maphash.MakeSeed()
+	tab := newTable(b, 0)
+	for _, name := range []string{"Len=40/Literals=0", "Len=90/Literals=0", "Len=90/Literals=3", "Len=300/Literals=0"} {
+		s := texts[name]
+		b.Run(name+"/Hash=plain", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				keySink ^= maphash.String(seed, s)
+			}
+		})
+		b.Run(name+"/Hash=folded", func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				keySink ^= uint64(tab.Key(s))
+			}
+		})
+	}
+}
+
+var keySink uint64

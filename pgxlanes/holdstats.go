@@ -1,0 +1,120 @@
+package pgxlanes
+
+import (
+	"math/bits"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// holdWindow is how long a window of hold times lasts: a lane's observed p99 covers the last one
+// or two windows, so it follows the workload of the last minutes, not of the pool's whole life.
+const holdWindow = time.Minute
+
+// Hold times are counted in log-spaced buckets: four per power of two of nanoseconds (each about
+// 19 % wide), from 1 µs to about 2.4 h. A p99 read from them is the upper bound of its bucket.
+const (
+	holdSub     = 4
+	holdMinBits = 10 // durations under 2^10 ns fall in the first bucket
+	holdBuckets = (43 - holdMinBits) * holdSub
+)
+
+// holdHist is one window's counts of one lane.
+type holdHist [holdBuckets]atomic.Uint64
+
+// holdStats keeps each lane's recent hold times, to report the observed p99 and the timeout the
+// design notes advise (3 × p99). It is an Observer the pool adds to itself in New: every lease's
+// end records its hold time with one atomic add. No allocation, no lock on the hot path.
+type holdStats struct {
+	cur atomic.Int32 // the index in hist of the window being filled
+	// hist[w][lane]: two windows that alternate.
+	hist [2][numLanes]holdHist
+
+	mu      sync.Mutex // serialises rotations
+	started time.Time  // when the current window began; guarded by mu
+}
+
+// holdBucket returns the bucket of d.
+func holdBucket(d time.Duration) int {
+	ns := uint64(max(d, 0))
+	n := bits.Len64(ns)
+	if n <= holdMinBits {
+		return 0
+	}
+	sub := int(ns>>(n-3)) & (holdSub - 1) // the two bits after the leading one
+	return min((n-holdMinBits-1)*holdSub+sub+1, holdBuckets-1)
+}
+
+// holdUpper returns the upper bound of bucket b.
+func holdUpper(b int) time.Duration {
+	if b == 0 {
+		return 1 << holdMinBits
+	}
+	b--
+	n := b/holdSub + holdMinBits + 1 // bit length of the bucket's durations
+	sub := b % holdSub
+	return time.Duration((uint64(holdSub+sub+1) << (n - 3)))
+}
+
+func (h *holdStats) ObserveAcquire(AcquireEvent) {}
+
+// ObserveRelease records a lease's hold time in its lane's current window.
+func (h *holdStats) ObserveRelease(e ReleaseEvent) {
+	if int(e.Lane) < numLanes {
+		h.hist[h.cur.Load()][e.Lane][holdBucket(e.Hold)].Add(1)
+	}
+}
+
+// p99 returns the 99th percentile of lane l's hold times in the last one or two windows, and
+// the number of leases it is taken over; 0, 0 when none ended. It rotates the windows when the
+// current one is over.
+func (h *holdStats) p99(l Lane) (time.Duration, uint64) {
+	h.rotate()
+	var counts [holdBuckets]uint64
+	var n uint64
+	for w := range h.hist {
+		for b := range counts {
+			c := h.hist[w][l][b].Load()
+			counts[b] += c
+			n += c
+		}
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	rank := n - n/100 // the smallest count that covers 99 %
+	var seen uint64
+	for b, c := range counts {
+		seen += c
+		if seen >= rank {
+			return holdUpper(b), n
+		}
+	}
+	return holdUpper(holdBuckets - 1), n
+}
+
+// rotate starts a new window once the current one is over: the older window is cleared and
+// becomes the current one. A hold recorded during the clearing may be lost; p99 is an estimate.
+func (h *holdStats) rotate() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	if h.started.IsZero() {
+		h.started = now
+		return
+	}
+	if now.Sub(h.started) < holdWindow {
+		return
+	}
+	next := 1 - h.cur.Load()
+	for l := range h.hist[next] {
+		for b := range h.hist[next][l] {
+			h.hist[next][l][b].Store(0)
+		}
+	}
+	h.cur.Store(next)
+	h.started = now
+}
+
+// advisedTimeout is the design notes' advice for a timeout: about 3 × the p99 of the work.
+func advisedTimeout(p99 time.Duration) time.Duration { return 3 * p99 }
