@@ -41,7 +41,7 @@ func (r *report) priorityChecks() []target {
 			if idleP99 != nil {
 				idleBound = fmtDurMS(*idleP99 + hold/2)
 			}
-			t.Want = fmt.Sprintf("≤ pgxlanes-fifo p99/2 = %s or ≤ idle p99 + hold/2 = %s", fifoBound, idleBound)
+			t.Want = fmt.Sprintf("≤ fifo p99/2 = %s or idle p99 + hold/2 = %s", fifoBound, idleBound)
 			// pgxlanes-fifo's p99 fell on a failed request: pgxlanes', served, is below it.
 			t.Met = t.Got != nil && (fifoP99 == nil || *t.Got <= *fifoP99/2 || (idleP99 != nil && *t.Got <= *idleP99+hold/2))
 			if n := pIdle.Critical.Failed.total(); n > 0 {
