@@ -98,3 +98,83 @@ func priorityBlock(out string) string {
 	}
 	return out
 }
+
+// TestPriorityVerdictRules checks the priority checks' rules on made-up figures, without a
+// server: the critical p99 passes against half pgxlanes-fifo's or the idle pool's plus half a
+// hold; a background wait over priority_age + a hold, or a refused background call, fails; a
+// failure while the machine probe stalled, or with the idle pool failing critical requests, is
+// inconclusive.
+func TestPriorityVerdictRules(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	age := func(v float64) *float64 { return &v }
+	type figures struct {
+		lanesP99, fifoP99 *float64
+		idleFailed        int
+		shortWorst        float64
+		shortRefused      int
+		probe             float64
+	}
+	build := func(fg figures) *report {
+		prio := func(p99 *float64, bg bool) *priorityResult {
+			p := &priorityResult{HoldMS: 50, Probe: waitStats{N: 100, P99MS: fg.probe}}
+			p.Critical.Latency.P99 = p99
+			if bg {
+				p.BgShort = &bgResult{Done: 100, WorstWaitMS: fg.shortWorst, AgeMS: age(500)}
+				p.BgShort.Failed.LaneFull = fg.shortRefused
+				p.BgTx = &bgResult{Done: 50, WorstWaitMS: 300, AgeMS: age(5000)}
+			}
+			return p
+		}
+		idle := prio(f(4), false)
+		idle.Critical.Failed.AcquireTimeout = fg.idleFailed
+		r := &report{Contenders: []*contenderResult{
+			{Name: "idle", Priority: idle},
+			{Name: "pgxlanes-fifo", Priority: prio(fg.fifoP99, true)},
+			{Name: "pgxlanes", Priority: prio(fg.lanesP99, true)},
+		}}
+		r.compute()
+		return r
+	}
+	check := func(r *report, what string) target {
+		for _, tg := range r.Targets {
+			if tg.What == what {
+				return tg
+			}
+		}
+		t.Fatalf("no check %q in %+v", what, r.Targets)
+		return target{}
+	}
+	const crit, short = "priority: pgxlanes critical p99", "priority: background worst wait, short"
+	for _, tc := range []struct {
+		name             string
+		fg               figures
+		verdict          string
+		critMet, bgMet   bool
+		critInconclusive bool
+	}{
+		{"served first", figures{lanesP99: f(40), fifoP99: f(230), shortWorst: 250, probe: 5}, "pass", true, true, false},
+		{"within idle + hold/2 only", figures{lanesP99: f(25), fifoP99: f(40), shortWorst: 250, probe: 5}, "pass", true, true, false},
+		{"within fifo/2 only", figures{lanesP99: f(110), fifoP99: f(230), shortWorst: 250, probe: 5}, "pass", true, true, false},
+		{"fifo failed its p99", figures{lanesP99: f(110), fifoP99: nil, shortWorst: 250, probe: 5}, "pass", true, true, false},
+		{"queued in arrival order", figures{lanesP99: f(220), fifoP99: f(230), shortWorst: 250, probe: 5}, "fail", false, true, false},
+		{"pgxlanes failed its p99", figures{lanesP99: nil, fifoP99: f(230), shortWorst: 250, probe: 5}, "fail", false, true, false},
+		{"background starved", figures{lanesP99: f(40), fifoP99: f(230), shortWorst: 900, probe: 5}, "fail", true, false, false},
+		{"background refused", figures{lanesP99: f(40), fifoP99: f(230), shortWorst: 250, shortRefused: 1, probe: 5}, "fail", true, false, false},
+		{"machine stalled", figures{lanesP99: f(220), fifoP99: f(230), shortWorst: 250, probe: 80}, "inconclusive", false, true, true},
+		{"idle failed", figures{lanesP99: f(220), fifoP99: f(230), shortWorst: 250, probe: 5, idleFailed: 2}, "inconclusive", false, true, true},
+	} {
+		r := build(tc.fg)
+		if r.Verdict != tc.verdict {
+			t.Errorf("%s: verdict %q, want %q: %+v", tc.name, r.Verdict, tc.verdict, r.Targets)
+		}
+		if got := check(r, crit); got.Met != tc.critMet || (got.Inconclusive != "") != tc.critInconclusive {
+			t.Errorf("%s: critical check %+v, want met %v, inconclusive %v", tc.name, got, tc.critMet, tc.critInconclusive)
+		}
+		if got := check(r, short); got.Met != tc.bgMet {
+			t.Errorf("%s: background check %+v, want met %v", tc.name, got, tc.bgMet)
+		}
+		if len(r.Targets) != 3 {
+			t.Errorf("%s: %d checks, want the 3 priority checks alone (no main phase ran)", tc.name, len(r.Targets))
+		}
+	}
+}
