@@ -14,10 +14,10 @@ import (
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 )
 
-// TestVerdictCatchesNoPriorities runs the priority phase alone twice, with background calls that
-// hold their connection 100 ms: as built, and broken so that no call carries its priority
-// (dropPriority), where pgxlanes serves its critical requests behind the background queued
-// before them, as pgxlanes-fifo does. The critical check must pass as built and fail broken, and
+// TestVerdictCatchesNoPriorities runs the priority phase alone twice, at the demo's size (36
+// background calls that hold their connection 50 ms ± 50 %) for 2 s: as built, and broken so
+// that no call carries its priority (dropPriority), where pgxlanes serves its critical requests
+// behind the background queued before them, as pgxlanes-fifo does. The critical check must pass as built and fail broken, and
 // the broken run must end in a failed verdict (exit status 1); the background checks must pass in
 // both (a FIFO queue starves nobody).
 //
@@ -31,8 +31,8 @@ func TestVerdictCatchesNoPriorities(t *testing.T) {
 		args := []string{"-dsn", dsn, "-json", jsonPath, "-plot", "", "-quiet",
 			"-phases", "priority", "-contenders", "idle,pgxlanes-fifo,pgxlanes",
 			"-conns", "8", "-rows", "1000",
-			"-priority", "2s", "-priority-rate", "50", "-priority-hold", "100ms",
-			"-priority-short-clients", "16", "-priority-tx-clients", "8"}
+			"-priority", "2s", "-priority-rate", "50", "-priority-hold", "50ms",
+			"-priority-short-clients", "24", "-priority-tx-clients", "12"}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var stdout, stderr bytes.Buffer
