@@ -29,7 +29,7 @@ func TestVerdictCatchesLookupsOnTx(t *testing.T) {
 		defer func() { lookupsOnTx = false }()
 		jsonPath := filepath.Join(t.TempDir(), "out.json")
 		args := []string{"-dsn", dsn, "-json", jsonPath, "-plot", "", "-quiet",
-			"-contenders", "idle,pgxpool,pgxlanes",
+			"-phases", "main", "-contenders", "idle,pgxpool,pgxlanes",
 			"-conns", "8", "-fast-conns", "2", "-rows", "1000",
 			"-long-workers", "12", "-burst-long-workers", "3", "-long-hold", "1s",
 			"-rate", "100", "-burst-rate", "200", "-burst-work", "2ms",
