@@ -49,6 +49,8 @@ vet:
 # The exit status is go test's, not tee's.
 bench:
 	set -o pipefail; for m in . integration; do (cd $$m && $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count $(BENCHCOUNT) ./...); done | tee bench.txt
+	@echo "== pgxlanes against pgxpool (benchstat -col /Impl; the Impl=pgxpool column is the reference)"
+	$(GO) run golang.org/x/perf/cmd/benchstat@latest -col /Impl bench.txt
 
 # go vet, and gofmt must have nothing to say.
 lint: vet
