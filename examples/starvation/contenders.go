@@ -29,6 +29,9 @@ type contenderSpec struct {
 	tx    bool // runs the steady and burst phases; false for pgxlanes-nolearn, which runs only the slow phase
 	load  bool // runs the long transactions in them; false for the idle baseline
 	slow  bool // runs the slow statements in the learn and slow phases; false for the idle baseline
+	// prio runs the priority phase (priority.go), with its background work if load; the idle
+	// baseline runs its critical requests alone.
+	prio  bool
 	build func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error)
 }
 
@@ -44,6 +47,9 @@ type pools struct {
 	each func(ctx context.Context, f func(*pgx.Conn) error) error
 	// learning reads pgxlanes' Stat().Learning(); nil for the pgxpools.
 	learning func() *learningResult
+	// ages reads pgxlanes' PriorityAge of Short and Tx from its Config (0: off, FIFO) and the
+	// aged grants from its Stat; nil for the pgxpools.
+	ages func() laneAges
 }
 
 // holdAll acquires n connections with acquire, all at the same time, runs f on each and
@@ -100,7 +106,7 @@ func warm(ctx context.Context, ps *pools, row int) error {
 }
 
 // contenderNames are the contenders, in the default order.
-var contenderNames = []string{"idle", "pgxpool", "two-pool", "pgxlanes-nolearn", "pgxlanes"}
+var contenderNames = []string{"idle", "pgxpool", "two-pool", "pgxlanes-nolearn", "pgxlanes-fifo", "pgxlanes"}
 
 // contenders returns the contenders cfg names, in its order.
 func contenders(cfg *config) ([]contenderSpec, error) {
@@ -111,14 +117,16 @@ func contenders(cfg *config) ([]contenderSpec, error) {
 	}
 	all := []contenderSpec{
 		{name: "idle", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, no long transactions, no slow statements (baseline)", cfg.conns),
-			tx: true, build: buildLanes(true)},
-		{name: "pgxpool", about: fmt.Sprintf("one pgxpool of %d conns", cfg.conns), tx: true, load: true, slow: true, build: buildPgxpool},
+			tx: true, prio: true, build: buildLanes(true, true)},
+		{name: "pgxpool", about: fmt.Sprintf("one pgxpool of %d conns", cfg.conns), tx: true, load: true, slow: true, prio: true, build: buildPgxpool},
 		{name: "two-pool", about: fmt.Sprintf("pgxpool fast %d + heavy %d conns; unannotated statements go to fast", cfg.fastConns, heavy),
 			tx: true, load: true, slow: true, build: buildTwoPools},
 		{name: "pgxlanes-nolearn", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, learning off (lane_short_slow_threshold=0); slow phase only", cfg.conns),
-			slow: true, build: buildLanes(false)},
-		{name: "pgxlanes", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, learning on (lane_short_slow_threshold %s)", cfg.conns, threshold),
-			tx: true, load: true, slow: true, build: buildLanes(true)},
+			slow: true, build: buildLanes(false, true)},
+		{name: "pgxlanes-fifo", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, priorities off (lane_short_priority_age=0, lane_tx_priority_age=0: FIFO); priority phase only", cfg.conns),
+			load: true, prio: true, build: buildLanes(true, false)},
+		{name: "pgxlanes", about: fmt.Sprintf("pgxlanes, %d conns, default lanes, learning on (lane_short_slow_threshold %s), priorities on (default ages)", cfg.conns, threshold),
+			tx: true, load: true, slow: true, prio: true, build: buildLanes(true, true)},
 	}
 	var specs []contenderSpec
 next:
@@ -189,8 +197,9 @@ func buildTwoPools(ctx context.Context, dsn string, cfg *config, rec *recorder) 
 		}}, nil
 }
 
-// buildLanes builds a pgxlanes pool with its default lanes, learning slow statements or not.
-func buildLanes(learn bool) func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
+// buildLanes builds a pgxlanes pool with its default lanes, learning slow statements or not,
+// ordering its queues by priority (the default) or strictly FIFO.
+func buildLanes(learn, priorities bool) func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
 	return func(ctx context.Context, dsn string, cfg *config, rec *recorder) (*pools, error) {
 		lc, err := pgxlanes.ParseConfig(dsn)
 		if err != nil {
@@ -202,6 +211,9 @@ func buildLanes(learn bool) func(ctx context.Context, dsn string, cfg *config, r
 			lc.Short.SlowThreshold = pgxlanes.Off // lane_short_slow_threshold=0
 		case cfg.slowThreshold > 0:
 			lc.Short.SlowThreshold = cfg.slowThreshold
+		}
+		if !priorities {
+			lc.Short.PriorityAge, lc.Tx.PriorityAge = pgxlanes.Off, pgxlanes.Off // lane_<lane>_priority_age=0
 		}
 		lc.ConnConfig.Tracer = slowTracer{} // a QueryTracer only: pgxlanes' observer times the acquires
 		p, err := pgxlanes.NewWithConfig(ctx, lc)
@@ -232,6 +244,12 @@ func buildLanes(learn bool) func(ctx context.Context, dsn string, cfg *config, r
 				l := st.Learning()
 				return &learningResult{ThresholdMS: ms(l.Threshold), Demoted: l.Demoted, Demotions: l.Demotions,
 					Promotions: l.Promotions, LongMaxConns: st.Lane(pgxlanes.Long).MaxConns}
+			},
+			ages: func() laneAges {
+				c, st := p.Config(), p.Stat()
+				return laneAges{Short: max(c.Short.PriorityAge, 0), Tx: max(c.Tx.PriorityAge, 0),
+					ShortTimeout: max(c.Short.AcquireTimeout, 0), TxTimeout: max(c.Tx.AcquireTimeout, 0),
+					AgedShort: st.Lane(pgxlanes.Short).AgedGrants, AgedTx: st.Lane(pgxlanes.Tx).AgedGrants}
 			}}, nil
 	}
 }

@@ -6,6 +6,8 @@
 //  2. two pgxpools, fast and heavy, splitting the same total (the usual hand-made workaround);
 //  3. pgxlanes with its default lanes, learning slow statements (the default);
 //  4. in the slow phase only, pgxlanes with learning off (lane_short_slow_threshold=0);
+//  5. in the priority phase only, pgxlanes with priorities off (lane_short_priority_age=0,
+//     lane_tx_priority_age=0: FIFO);
 //
 // and, as a baseline, the same short lookups on an idle pgxlanes pool.
 //
@@ -16,9 +18,11 @@
 // the long load and spikes the short traffic, to show what borrowing idle connections buys over a
 // fixed split. A slow phase then replaces the transactions with a slow statement nobody annotated:
 // clients run "select pg_sleep(1.5)" through QueryRow back to back, which fills a pool of 8 unless
-// the pool learns that the statement is slow. Its first seconds are a learning period, reported on
-// their own; the two-pool split sends the unannotated statement, like every plain query, to its
-// fast pool.
+// the pool learns that the statement is slow. Its first seconds, the learning window, are also
+// reported on their own, and are in the slow phase's figures and verdict; the two-pool split sends
+// the unannotated statement, like every plain query, to its fast pool. A priority phase then, on
+// fresh pools, saturates Short and Tx with background work of low priority while a small stream
+// of critical requests runs (priority.go).
 //
 // It prints a table, the ratios the project targets, writes the raw figures as JSON (-json) and
 // draws the short-query latency of each contender (-plot). With no -dsn and no DATABASE_URL it
@@ -90,9 +94,17 @@ type config struct {
 
 	slowClients   int           // clients of the unannotated slow statement in the learn and slow phases
 	slowSleep     time.Duration // the slow statement: select pg_sleep(slowSleep)
-	learn         time.Duration // the learning period: slow statements run, lookups are not in the table
-	slow          time.Duration // the measured slow phase, after the learning period
+	learn         time.Duration // the learning window: the slow phase's first part, also reported on its own
+	slow          time.Duration // the rest of the slow phase, after the learning window
 	slowThreshold time.Duration // pgxlanes' lane_short_slow_threshold; 0: its default
+
+	// The priority phase (priority.go).
+	runMain, runPrio bool          // -phases
+	prio             time.Duration // length of the critical stream
+	prioRate         float64       // critical requests per second
+	prioHold         time.Duration // a background call's hold: pg_sleep(prioHold)
+	prioShortClients int           // background clients in Short
+	prioTxClients    int           // background clients in Tx
 
 	seed       uint64
 	contenders []string
@@ -130,9 +142,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline of a lookup, from its scheduled time")
 	fs.IntVar(&c.slowClients, "slow-clients", 12, "clients running the unannotated slow statement back to back in the learn and slow phases")
 	fs.DurationVar(&c.slowSleep, "slow-sleep", 1500*time.Millisecond, "the unannotated slow statement is select pg_sleep(this)")
-	fs.DurationVar(&c.learn, "learn", 2*time.Second, "the learning period: the slow statements start, lookups are recorded but not in the slow-phase table")
-	fs.DurationVar(&c.slow, "slow", 3*time.Second, "length of the slow phase, measured after the learning period")
+	fs.DurationVar(&c.learn, "learn", 2*time.Second, "the learning window, the first part of the slow phase: reported on its own too, and in the slow phase's figures and verdict")
+	fs.DurationVar(&c.slow, "slow", 3*time.Second, "length of the slow phase after the learning window (the phase is -learn + -slow long)")
 	fs.DurationVar(&c.slowThreshold, "slow-threshold", 0, "pgxlanes' lane_short_slow_threshold for the pgxlanes contenders that learn (0: pgxlanes' default)")
+	phases := fs.String("phases", "main,priority", "the phases to run: main (steady, burst, learning and slow) and priority (background work of low priority and critical requests)")
+	fs.DurationVar(&c.prio, "priority", 3*time.Second, "length of the priority phase's critical stream, per contender")
+	fs.Float64Var(&c.prioRate, "priority-rate", 50, "critical requests per second in the priority phase (half lookups in Short, half transactions in Tx)")
+	fs.DurationVar(&c.prioHold, "priority-hold", 50*time.Millisecond, "how long each background call of the priority phase holds its connection, ±50 % (select pg_sleep)")
+	fs.IntVar(&c.prioShortClients, "priority-short-clients", 24, "background clients of low priority in Short in the priority phase, back to back")
+	fs.IntVar(&c.prioTxClients, "priority-tx-clients", 12, "background clients of low priority in Tx (transactions) in the priority phase, back to back")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the lookup keys and hold times")
 	only := fs.String("contenders", strings.Join(contenderNames, ","), "the contenders to run, in order (comma-separated)")
 	fs.StringVar(&c.jsonPath, "json", "", "write the raw figures to this JSON file")
@@ -150,6 +168,17 @@ func parseFlags(args []string, stderr io.Writer) (*config, *flag.FlagSet, error)
 	for _, name := range strings.Split(*only, ",") {
 		if name = strings.TrimSpace(name); name != "" {
 			c.contenders = append(c.contenders, name)
+		}
+	}
+	for _, ph := range strings.Split(*phases, ",") {
+		switch strings.TrimSpace(ph) {
+		case "main":
+			c.runMain = true
+		case "priority":
+			c.runPrio = true
+		case "":
+		default:
+			return nil, nil, usageError{fmt.Sprintf("-phases: unknown phase %q (phases are main, priority)", ph)}
 		}
 	}
 	if c.transition == 0 {
@@ -187,6 +216,12 @@ func (c *config) validate() error {
 		return bad("-slow-clients must be at least 1, got %d", c.slowClients)
 	case c.slowSleep <= 0 || c.slow <= 0 || c.learn < 0 || c.slowThreshold < 0:
 		return bad("-slow-sleep and -slow must be positive, -learn and -slow-threshold not negative")
+	case !c.runMain && !c.runPrio:
+		return bad("-phases names none")
+	case c.prio <= 0 || c.prioRate <= 0 || c.prioHold <= 0:
+		return bad("-priority, -priority-rate and -priority-hold must be positive")
+	case c.prioShortClients < 1 || c.prioTxClients < 1:
+		return bad("-priority-short-clients and -priority-tx-clients must be at least 1, got %d and %d", c.prioShortClients, c.prioTxClients)
 	case len(c.contenders) == 0:
 		return bad("-contenders names none")
 	case c.plotPath != "" && !strings.HasSuffix(c.plotPath, ".png") && !strings.HasSuffix(c.plotPath, ".svg"):
@@ -255,11 +290,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	for _, spec := range specs {
-		res, err := d.runContender(ctx, spec)
-		if err != nil {
-			return fmt.Errorf("%s: %w", spec.name, err)
+		var res *contenderResult
+		if cfg.runMain && (spec.tx || spec.slow) {
+			if res, err = d.runContender(ctx, spec); err != nil {
+				return fmt.Errorf("%s: %w", spec.name, err)
+			}
 		}
-		rep.Contenders = append(rep.Contenders, res)
+		if cfg.runPrio && spec.prio {
+			pr, errs, err := d.runPriority(ctx, spec)
+			if err != nil {
+				return fmt.Errorf("%s, priority phase: %w", spec.name, err)
+			}
+			if res == nil {
+				res = &contenderResult{Name: spec.name, About: spec.about, Load: spec.load, Errors: map[string]string{}}
+			}
+			res.Priority = pr
+			for k, v := range errs {
+				res.Errors["priority "+k] = v
+			}
+		}
+		if res != nil {
+			rep.Contenders = append(rep.Contenders, res)
+		}
 	}
 	rep.compute()
 

@@ -38,7 +38,8 @@ func TestDemo(t *testing.T) {
 		"-long-workers", "8", "-burst-long-workers", "1", "-long-hold", "400ms",
 		"-rate", "100", "-burst-rate", "300", "-burst-work", "5ms",
 		"-ramp", "200ms", "-steady", "1s", "-burst", "1s",
-		"-slow-clients", "6", "-slow-sleep", "500ms", "-slow-threshold", "150ms", "-learn", "1500ms", "-slow", "1500ms"}
+		"-slow-clients", "6", "-slow-sleep", "500ms", "-slow-threshold", "150ms", "-learn", "1500ms", "-slow", "1500ms",
+		"-priority", "1s", "-priority-hold", "20ms", "-priority-short-clients", "8", "-priority-tx-clients", "4"}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
@@ -52,7 +53,8 @@ func TestDemo(t *testing.T) {
 	t.Logf("demo ran in %v\n%s", time.Since(start).Round(time.Millisecond), stdout.String())
 
 	for _, want := range []string{"steady phase", "burst phase", "slow phase", "learning period", "ratios", "verdict",
-		"pgxpool p99 / pgxlanes p99", "pgxlanes-nolearn p99 / pgxlanes p99", `"select pg_sleep(0.5)"`} {
+		"pgxpool p99 / pgxlanes p99", "pgxlanes-nolearn p99 / pgxlanes p99", `"select pg_sleep(0.5)"`,
+		"priority phase", "critical pgxlanes-fifo p99 / pgxlanes p99", "priority: background worst wait, short"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("stdout lacks %q", want)
 		}
@@ -87,6 +89,27 @@ func TestDemo(t *testing.T) {
 		if c == nil {
 			t.Errorf("contender %s missing from the report", name)
 			continue
+		}
+		// The priority phase: its critical requests, and its background for all but idle.
+		if p := c.Priority; name == "two-pool" || name == "pgxlanes-nolearn" {
+			if p != nil {
+				t.Errorf("%s ran the priority phase", name)
+			}
+		} else if p == nil || p.Critical.OK == 0 || p.Critical.AcquireWait.N == 0 || p.Probe.N == 0 {
+			t.Errorf("%s: priority phase %+v, want critical requests served, their acquire waits, the probe", name, p)
+		} else if (p.BgShort == nil) != (name == "idle") || (p.BgShort != nil && (p.BgShort.Done == 0 || p.BgTx.Done == 0)) {
+			t.Errorf("%s: priority phase background short %+v tx %+v", name, p.BgShort, p.BgTx)
+		}
+		if name == "pgxlanes-fifo" {
+			if c.Steady != nil || c.Slow != nil {
+				t.Errorf("pgxlanes-fifo ran the main phases")
+			}
+			continue
+		}
+		// The slow phase as judged includes its learning window, for every contender that has one.
+		if name != "idle" && (c.SlowWhole == nil || c.Learn == nil || c.Slow == nil ||
+			c.SlowWhole.Issued != c.Learn.Issued+c.Slow.Issued || c.SlowWhole.FromS != c.Learn.FromS) {
+			t.Errorf("%s: the slow phase as judged %+v does not span the learning window and the rest", name, c.SlowWhole)
 		}
 		type phaseCheck struct {
 			name string
@@ -149,7 +172,7 @@ func TestDemo(t *testing.T) {
 	case l == nil || l.Demotions < 1:
 		t.Errorf("pgxlanes learned nothing: %+v", l)
 	case lanes.Slow.Failed.total() != 0:
-		t.Errorf("pgxlanes slow phase: %d lookups failed (%+v), want none", lanes.Slow.Failed.total(), lanes.Slow.Failed)
+		t.Errorf("pgxlanes slow phase after the learning window: %d lookups failed (%+v), want none", lanes.Slow.Failed.total(), lanes.Slow.Failed)
 	case lanes.Slow.SlowDone == 0 || lanes.Slow.SlowFailed != 0:
 		t.Errorf("pgxlanes slow phase: %d slow statements done, %d failed; want some done, none refused",
 			lanes.Slow.SlowDone, lanes.Slow.SlowFailed)
@@ -199,6 +222,10 @@ func TestFlags(t *testing.T) {
 		{[]string{"-slow-clients", "0"}, "-slow-clients"},
 		{[]string{"-slow-sleep", "0s"}, "-slow-sleep"},
 		{[]string{"-learn", "-1s"}, "-learn"},
+		{[]string{"-phases", "main,nosuch"}, "-phases"},
+		{[]string{"-phases", ""}, "-phases"},
+		{[]string{"-priority", "0s"}, "-priority"},
+		{[]string{"-priority-tx-clients", "0"}, "-priority-tx-clients"},
 		{[]string{"-contenders", "pgxlanes,nosuch"}, "nosuch"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"-nosuchflag"}, "nosuchflag"},

@@ -8,7 +8,8 @@ import (
 )
 
 // phase is a part of a contender's run. phaseLong marks the long transactions' calls and
-// phaseSlowStmt the unannotated slow statements' calls.
+// phaseSlowStmt the unannotated slow statements' calls; phaseCritical, phaseBgShort and phaseBgTx
+// the priority phase's critical requests and its background work in Short and in Tx (priority.go).
 type phase uint8
 
 const (
@@ -19,11 +20,16 @@ const (
 	phaseSlow  // the slow statements go on: measured
 	phaseLong
 	phaseSlowStmt
+	phaseCritical
+	phaseBgShort
+	phaseBgTx
 
-	numPhases = 5 // the phases of the short traffic
+	numPhases    = 5 // the phases of the short traffic
+	numAllPhases = 10
 )
 
-var phaseNames = [...]string{"steady", "transition", "burst", "learn", "slow", "long", "slowstmt"}
+var phaseNames = [numAllPhases]string{"steady", "transition", "burst", "learn", "slow", "long", "slowstmt",
+	"critical", "background-short", "background-tx"}
 
 func (p phase) String() string { return phaseNames[p] }
 
@@ -91,13 +97,14 @@ type recorder struct {
 	phases   [numPhases]phaseInfo
 	sent     int
 	shorts   []sample
-	acquires [numPhases + 2][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt)
-	longs    []time.Duration                // commit times of long transactions, from start
-	holds    []time.Duration                // how long each committed transaction held its row lock
-	probes   []probeSample                  // the machine probe (probe.go)
+	acquires [numAllPhases][]time.Duration // successful acquire waits, by phase (then phaseLong, phaseSlowStmt ...)
+	longs    []time.Duration               // commit times of long transactions, from start
+	holds    []time.Duration               // how long each committed transaction held its row lock
+	probes   []probeSample                 // the machine probe (probe.go)
 	longFail [numKinds]int
 	slows    []slowRun         // the slow statements that ended
 	slowCut  int               // slow statements withdrawn, still waiting, at the end of the slow phase
+	bg       [2]bgCount        // the priority phase's background work, in Short and in Tx (priority.go)
 	examples map[string]string // one error message per kind, for the report
 	seen     int               // shorts already reported by progress
 }
@@ -231,54 +238,14 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 	res := &contenderResult{Name: name, About: about, Load: load, Seconds: round3(elapsed.Seconds()),
 		Errors: r.examples}
 	for ph := range phase(numPhases) {
-		info := r.phases[ph]
-		if !info.set {
-			continue
+		if r.phases[ph].set {
+			*res.phase(ph) = r.phaseResult(true, ph)
 		}
-		pr := &phaseResult{Seconds: info.dur.Seconds(), Rate: info.rate, WorkMS: ms(info.work),
-			FromS: round3(info.from.Seconds())}
-		var ok []time.Duration
-		for _, s := range r.shorts {
-			if s.ph != ph {
-				continue
-			}
-			pr.Issued++
-			pr.Failed.add(s.kind)
-			if s.kind == kindOK {
-				ok = append(ok, s.lat)
-				pr.Samples.AtMS = append(pr.Samples.AtMS, ms(s.at))
-				pr.Samples.LatencyMS = append(pr.Samples.LatencyMS, ms(s.lat))
-			} else {
-				pr.FailedAtMS = append(pr.FailedAtMS, ms(s.at))
-			}
-		}
-		pr.OK = len(ok)
-		slices.Sort(ok)
-		pr.Latency = latencyQuantiles(ok, pr.Issued)
-		pr.AcquireWait = waitQuantiles(r.acquires[ph])
-		in := func(t time.Duration) bool { return t >= info.from && t < info.from+info.dur }
-		for _, c := range r.longs {
-			if in(c) {
-				pr.LongCommitted++
-			}
-		}
-		var probes []time.Duration
-		for _, p := range r.probes {
-			if in(p.at) {
-				probes = append(probes, p.lat)
-			}
-		}
-		pr.Probe = waitQuantiles(probes)
-		for _, s := range r.slows {
-			switch {
-			case !in(s.end):
-			case s.kind == kindOK:
-				pr.SlowDone++
-			default:
-				pr.SlowFailed++
-			}
-		}
-		*res.phase(ph) = pr
+	}
+	if r.phases[phaseLearn].set && r.phases[phaseSlow].set {
+		// The slow phase as the table and the verdict judge it: from the first slow statement,
+		// the learning window included.
+		res.SlowWhole = r.phaseResult(false, phaseLearn, phaseSlow)
 	}
 	if len(r.slows) > 0 || r.slowCut > 0 {
 		res.SlowStmts = r.slowResult()
@@ -304,6 +271,61 @@ func (r *recorder) result(name, about string, load bool, elapsed time.Duration) 
 		res.Long.HoldP50MS = ms(h[len(h)/2])
 	}
 	return res
+}
+
+// phaseResult summarizes the consecutive phases phs as one, with the samples of each lookup if
+// samples. Caller must hold mu.
+func (r *recorder) phaseResult(samples bool, phs ...phase) *phaseResult {
+	first, last := r.phases[phs[0]], r.phases[phs[len(phs)-1]]
+	from, dur := first.from, last.from+last.dur-first.from
+	pr := &phaseResult{Seconds: dur.Seconds(), Rate: last.rate, WorkMS: ms(last.work), FromS: round3(from.Seconds())}
+	var ok, waits []time.Duration
+	for _, s := range r.shorts {
+		if !slices.Contains(phs, s.ph) {
+			continue
+		}
+		pr.Issued++
+		pr.Failed.add(s.kind)
+		if s.kind == kindOK {
+			ok = append(ok, s.lat)
+			if samples {
+				pr.Samples.AtMS = append(pr.Samples.AtMS, ms(s.at))
+				pr.Samples.LatencyMS = append(pr.Samples.LatencyMS, ms(s.lat))
+			}
+		} else if samples {
+			pr.FailedAtMS = append(pr.FailedAtMS, ms(s.at))
+		}
+	}
+	for _, ph := range phs {
+		waits = append(waits, r.acquires[ph]...)
+	}
+	pr.OK = len(ok)
+	slices.Sort(ok)
+	pr.Latency = latencyQuantiles(ok, pr.Issued)
+	pr.AcquireWait = waitQuantiles(waits)
+	in := func(t time.Duration) bool { return t >= from && t < from+dur }
+	for _, c := range r.longs {
+		if in(c) {
+			pr.LongCommitted++
+		}
+	}
+	var probes []time.Duration
+	for _, p := range r.probes {
+		if in(p.at) {
+			probes = append(probes, p.lat)
+		}
+	}
+	pr.Probe = waitQuantiles(probes)
+	for _, s := range r.slows {
+		switch {
+		case !in(s.end):
+		case s.kind == kindOK:
+			pr.SlowDone++
+		default:
+			pr.SlowFailed++
+		}
+	}
+	return pr
 }
 
 // slowResult summarizes the slow statements. Caller must hold mu.

@@ -50,9 +50,15 @@ type contenderResult struct {
 	Burst      *phaseResult `json:"burst,omitempty"`
 	Learn      *phaseResult `json:"learn,omitempty"`
 	Slow       *phaseResult `json:"slow,omitempty"`
-	Long       longResult   `json:"long_tx"`
+	// SlowWhole is the learning period and the slow phase as one, from the first slow statement,
+	// without samples (they are in Learn and Slow): what the slow-phase table, its ratios and the
+	// verdict judge. The idle baseline has none (no learning period): its Slow is judged.
+	SlowWhole *phaseResult `json:"slow_whole,omitempty"`
+	Long      longResult   `json:"long_tx"`
 	// SlowStmts are the unannotated slow statements of the learn and slow phases.
 	SlowStmts *slowResult `json:"slow_statements,omitempty"`
+	// Priority is the priority phase (priority.go), on a pool of its own.
+	Priority *priorityResult `json:"priority,omitempty"`
 	// Learning is pgxlanes' Stat().Learning() at the end of the run (pgxlanes contenders only).
 	Learning *learningResult `json:"learning,omitempty"`
 	Sessions sessions        `json:"sessions"`
@@ -156,6 +162,19 @@ type learningResult struct {
 	LongMaxConns int `json:"long_max_conns"`
 }
 
+// judged returns the figures of phase ph that the tables, the ratios and the verdict judge: for
+// the slow phase, the learning window included (SlowWhole) where there was one; nil if c or the
+// phase is missing.
+func (c *contenderResult) judged(ph phase) *phaseResult {
+	if c == nil {
+		return nil
+	}
+	if ph == phaseSlow && c.SlowWhole != nil {
+		return c.SlowWhole
+	}
+	return *c.phase(ph)
+}
+
 // phase returns where the result of phase ph goes.
 func (c *contenderResult) phase(ph phase) **phaseResult {
 	return [...]**phaseResult{&c.Steady, &c.Transition, &c.Burst, &c.Learn, &c.Slow}[ph]
@@ -183,6 +202,10 @@ type ratios struct {
 	SlowTwoPoolOverLanes   *float64 `json:"slow_p99_two_pool_over_pgxlanes"`
 	SlowNoLearnOverLanes   *float64 `json:"slow_p99_pgxlanes_nolearn_over_pgxlanes"`
 	SlowLanesOverIdle      *float64 `json:"slow_p99_pgxlanes_over_idle"`
+	// The priority phase's critical requests.
+	CriticalPgxpoolOverLanes *float64 `json:"critical_p99_pgxpool_over_pgxlanes"`
+	CriticalFifoOverLanes    *float64 `json:"critical_p99_pgxlanes_fifo_over_pgxlanes"`
+	CriticalLanesOverIdle    *float64 `json:"critical_p99_pgxlanes_over_idle"`
 }
 
 // target is one check of the verdict (verdict.go). Its bound comes from the same run's figures.
@@ -220,10 +243,18 @@ func div(a, b *float64) *float64 {
 }
 
 func p99(c *contenderResult, ph phase) *float64 {
-	if c == nil || *c.phase(ph) == nil {
+	if pr := c.judged(ph); pr != nil {
+		return pr.Latency.P99
+	}
+	return nil
+}
+
+// criticalP99 is c's critical p99 in the priority phase.
+func criticalP99(c *contenderResult) *float64 {
+	if c == nil || c.Priority == nil {
 		return nil
 	}
-	return (*c.phase(ph)).Latency.P99
+	return c.Priority.Critical.Latency.P99
 }
 
 func committed(c *contenderResult) *float64 {
@@ -251,6 +282,10 @@ func (r *report) compute() {
 		SlowTwoPoolOverLanes:   div(p99(two, phaseSlow), p99(lanes, phaseSlow)),
 		SlowNoLearnOverLanes:   div(p99(nolearn, phaseSlow), p99(lanes, phaseSlow)),
 		SlowLanesOverIdle:      div(p99(lanes, phaseSlow), p99(idle, phaseSlow)),
+
+		CriticalPgxpoolOverLanes: div(criticalP99(pool), criticalP99(lanes)),
+		CriticalFifoOverLanes:    div(criticalP99(r.contender("pgxlanes-fifo")), criticalP99(lanes)),
+		CriticalLanesOverIdle:    div(criticalP99(lanes), criticalP99(idle)),
 	}
 	r.Targets = r.verdict()
 	r.Verdict = outcome(r.Targets)

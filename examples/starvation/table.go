@@ -28,7 +28,7 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		}
 		fmt.Fprintln(tw, "contender\tp50\tp99\tp99.9\tmax\tacquire p99\tacquire max\tok\tfailed\t(timeout/full/deadline/other)\t"+last)
 		for _, c := range r.Contenders {
-			pr := *c.phase(ph)
+			pr := c.judged(ph)
 			if pr == nil || pr.Issued == 0 { // no lookups: -learn 0
 				continue
 			}
@@ -53,15 +53,15 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		cfg.steady, cfg.longWorkers, cfg.rate), phaseSteady)
 	phaseTable(fmt.Sprintf("burst phase, %v: %d long transactions, %g lookups/s with %v of server work each — short-query latency",
 		cfg.burst, cfg.burstLongWorkers, cfg.burstRate, cfg.burstWork), phaseBurst)
-	phaseTable(fmt.Sprintf("slow phase, %v after a learning period of %v: no long transactions, %d clients of an unannotated %q back to back, %g lookups/s (primary key) — short-query latency",
-		cfg.slow, cfg.learn, cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow)
-	phaseTable(fmt.Sprintf("learning period, the first %v of the slow statements (not in the verdict)", cfg.learn), phaseLearn)
+	phaseTable(fmt.Sprintf("slow phase, %v from the first slow statement, its learning window (%v) included: no long transactions, %d clients of an unannotated %q back to back, %g lookups/s (primary key) — short-query latency",
+		cfg.learn+cfg.slow, cfg.learn, cfg.slowClients, slowSQL(cfg), cfg.rate), phaseSlow)
+	phaseTable(fmt.Sprintf("learning window, the first %v of the slow phase (included in the slow phase above)", cfg.learn), phaseLearn)
 
 	fmt.Fprintf(w, "\nwhole run\n")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "contender\tseconds\tlong tx committed\tlong tx/s\tlong failed\tlong acquire p99\tserver sessions\tconns opened\t")
 	for _, c := range r.Contenders {
-		if !c.Load && c.SlowStmts == nil {
+		if (!c.Load || c.Steady == nil) && c.SlowStmts == nil {
 			continue
 		}
 		sess := "n/a"
@@ -104,14 +104,16 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 	}
 	tw.Flush()
 
+	r.printPriority(w, cfg)
+
 	fmt.Fprintf(w, "\nratios (one run, side by side)\n")
 	ra := r.Ratios
 	failedNote := func(name string, ph phase) string {
 		c := r.contender(name)
-		if c == nil || *c.phase(ph) == nil || (*c.phase(ph)).Latency.P99 != nil {
+		pr := c.judged(ph)
+		if pr == nil || pr.Latency.P99 != nil {
 			return ""
 		}
-		pr := *c.phase(ph)
 		return fmt.Sprintf("(%s's p99 is a failed lookup: %d of %d failed)", name, pr.Failed.total(), pr.Issued)
 	}
 	for _, l := range []struct {
@@ -131,6 +133,9 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 		{"slow    two-pool p99 / pgxlanes p99", ra.SlowTwoPoolOverLanes, failedNote("two-pool", phaseSlow)},
 		{"slow    pgxlanes-nolearn p99 / pgxlanes p99", ra.SlowNoLearnOverLanes, failedNote("pgxlanes-nolearn", phaseSlow)},
 		{"slow    pgxlanes p99 / idle p99", ra.SlowLanesOverIdle, failedNote("pgxlanes", phaseSlow)},
+		{"critical pgxpool p99 / pgxlanes p99", ra.CriticalPgxpoolOverLanes, ""},
+		{"critical pgxlanes-fifo p99 / pgxlanes p99", ra.CriticalFifoOverLanes, ""},
+		{"critical pgxlanes p99 / idle p99", ra.CriticalLanesOverIdle, ""},
 	} {
 		fmt.Fprintf(w, "  %s\n", strings.TrimSpace(fmt.Sprintf("%-44s %s %s", l.name, fmtRatio(l.v), l.note)))
 	}
@@ -157,7 +162,16 @@ func (r *report) printTable(w io.Writer, cfg *config) {
 	}
 	switch r.Verdict {
 	case "pass":
-		fmt.Fprintf(w, "verdict: PASS: pgxlanes' lookups did not wait for the transactions nor for the slow statements\n")
+		var claims []string
+		for _, c := range r.Contenders {
+			if c.Name == "pgxlanes" && (c.Steady != nil || c.Slow != nil) {
+				claims = append(claims, "pgxlanes' lookups did not wait for the transactions nor for the slow statements")
+			}
+			if c.Name == "pgxlanes" && c.Priority != nil {
+				claims = append(claims, "its critical requests went ahead of the background, which did not starve")
+			}
+		}
+		fmt.Fprintf(w, "verdict: PASS: %s\n", strings.Join(claims, "; "))
 	case "inconclusive":
 		fmt.Fprintf(w, "verdict: INCONCLUSIVE: the machine was too busy to serve the lookups even on an idle pool; run it again when it is quieter\n")
 	case "incomplete":
@@ -178,7 +192,10 @@ func (r *report) errorExamples() []string {
 	for _, c := range r.Contenders {
 		for _, k := range []string{"lookup acquire_timeout", "lookup lane_full", "lookup deadline", "lookup other",
 			"long acquire_timeout", "long lane_full", "long deadline", "long other",
-			"slow acquire_timeout", "slow lane_full", "slow deadline", "slow other"} {
+			"slow acquire_timeout", "slow lane_full", "slow deadline", "slow other",
+			"priority lookup acquire_timeout", "priority lookup lane_full", "priority lookup deadline", "priority lookup other",
+			"priority background acquire_timeout", "priority background lane_full", "priority background deadline",
+			"priority background other"} {
 			if msg, ok := c.Errors[k]; ok {
 				out = append(out, fmt.Sprintf("%-16s %-22s %s", c.Name, k, msg))
 			}
@@ -227,4 +244,51 @@ func fmtRatio(v *float64) string {
 		return fmt.Sprintf("%.1f×", *v)
 	}
 	return fmt.Sprintf("%.2f×", *v)
+}
+
+// printPriority prints the priority phase's table: the critical requests' latency, and the
+// background's worst wait for a connection beside its lane's ageing bound (priority_age + a hold).
+func (r *report) printPriority(w io.Writer, cfg *config) {
+	ran := false
+	for _, c := range r.Contenders {
+		ran = ran || c.Priority != nil
+	}
+	if !ran {
+		return
+	}
+	fmt.Fprintf(w, "\npriority phase, %v: %d + %d background clients of low priority hold a connection %v each, back to back, in Short and in Tx; %g critical requests/s (half lookups in Short, half transactions in Tx) — critical latency; background's worst wait against its bound (priority_age + one hold)\n",
+		cfg.prio, cfg.prioShortClients, cfg.prioTxClients, cfg.prioHold, cfg.prioRate)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "contender\tcritical p50\tp99\tmax\tacquire p99\tok\tfailed\tbg short done\tworst wait\tbound\tfailed\tbg tx done\tworst wait\tbound\tfailed\taged grants\t")
+	for _, c := range r.Contenders {
+		p := c.Priority
+		if p == nil {
+			continue
+		}
+		cr := p.Critical
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t", c.Name, fmtMS(cr.Latency.P50), fmtMS(cr.Latency.P99),
+			fmtMS(cr.Latency.Max), fmtWait(cr.AcquireWait.P99MS, cr.AcquireWait.N), cr.OK, cr.Failed.total())
+		aged := "-"
+		for _, b := range []*bgResult{p.BgShort, p.BgTx} {
+			if b == nil {
+				fmt.Fprint(tw, "-\t-\t-\t-\t")
+				continue
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t", b.Done, fmtDurMS(b.WorstWaitMS), fmtBound(b, p.HoldMS), b.Failed.total())
+		}
+		if p.BgShort != nil && p.BgShort.AgeMS != nil {
+			aged = fmt.Sprintf("%d/%d", p.BgShort.AgedGrants, p.BgTx.AgedGrants)
+		}
+		fmt.Fprintf(tw, "%s\t\n", aged)
+	}
+	tw.Flush()
+}
+
+// fmtBound prints a background lane's ageing bound: priority_age + one hold; "none" without
+// one (pgxpool, or priorities off).
+func fmtBound(b *bgResult, holdMS float64) string {
+	if b.AgeMS == nil || *b.AgeMS == 0 {
+		return "none"
+	}
+	return fmtDurMS(*b.AgeMS + holdMS)
 }

@@ -29,7 +29,7 @@ func TestVerdictCatchesLookupsOnTx(t *testing.T) {
 		defer func() { lookupsOnTx = false }()
 		jsonPath := filepath.Join(t.TempDir(), "out.json")
 		args := []string{"-dsn", dsn, "-json", jsonPath, "-plot", "", "-quiet",
-			"-contenders", "idle,pgxpool,pgxlanes",
+			"-phases", "main", "-contenders", "idle,pgxpool,pgxlanes",
 			"-conns", "8", "-fast-conns", "2", "-rows", "1000",
 			"-long-workers", "12", "-burst-long-workers", "3", "-long-hold", "1s",
 			"-rate", "100", "-burst-rate", "200", "-burst-work", "2ms",
@@ -155,6 +155,53 @@ func TestVerdictRules(t *testing.T) {
 		}
 		if got := check(r, "steady: pgxlanes p99"); got.Want != "≤ idle p99 + hold/2 = 1.01s" {
 			t.Errorf("%s: the p99 bound reads %q, want it from the run's hold (2 s) and idle p99 (10 ms)", tc.name, got.Want)
+		}
+	}
+}
+
+// TestVerdictJudgesLearningWindow: the slow phase is judged from its first slow statement, the
+// learning window included (issue 23). Lookups that failed in the window alone fail the verdict,
+// and a p99 that is a failed lookup there fails the p99 check, though the rest of the phase is
+// clean.
+func TestVerdictJudgesLearningWindow(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	clean := func() *phaseResult {
+		return &phaseResult{Issued: 900, OK: 900, Latency: quantiles{P50: f(1), P99: f(10)}, Probe: waitStats{N: 100, P99MS: 5}, SlowDone: 2}
+	}
+	for _, tc := range []struct {
+		name         string
+		windowFailed int
+		verdict      string
+	}{
+		{"a clean window", 0, "pass"},
+		{"lookups failed in the window", 300, "fail"},
+	} {
+		window := clean()
+		window.Failed.AcquireTimeout = tc.windowFailed
+		whole := &phaseResult{Issued: 1500, OK: 1500 - tc.windowFailed, Latency: quantiles{P50: f(1), P99: f(10)},
+			Probe: waitStats{N: 100, P99MS: 5}, SlowDone: 3}
+		whole.Failed.AcquireTimeout = tc.windowFailed
+		if tc.windowFailed > 0 {
+			whole.Latency.P99 = nil // 20 % failed: the p99 falls on a failed lookup
+		}
+		r := &report{Flags: map[string]string{"slow-sleep": "1.5s"}}
+		r.Contenders = []*contenderResult{
+			{Name: "idle", Steady: clean(), Burst: clean(), Slow: clean()},
+			{Name: "pgxpool", Steady: &phaseResult{Latency: quantiles{P50: f(1000), P99: f(2000)}}, Burst: clean(), Slow: clean(),
+				Long: longResult{Committed: 29, HoldP50MS: 2000}},
+			{Name: "two-pool", Steady: clean(), Burst: &phaseResult{Latency: quantiles{P50: f(700), P99: f(1400)}}, Slow: clean(),
+				Long: longResult{Committed: 25}},
+			{Name: "pgxlanes", Steady: clean(), Burst: clean(), Learn: window, Slow: clean(), SlowWhole: whole,
+				Long: longResult{Committed: 25}},
+		}
+		r.compute()
+		if r.Verdict != tc.verdict {
+			t.Errorf("%s: verdict %q, want %q: %+v", tc.name, r.Verdict, tc.verdict, r.Targets)
+		}
+		for _, tg := range r.Targets {
+			if tg.What == "slow: pgxlanes lookups failed" && (tg.Got == nil || *tg.Got != float64(tc.windowFailed)) {
+				t.Errorf("%s: the failed-lookups check counts %v, want the window's %d", tc.name, tg.Got, tc.windowFailed)
+			}
 		}
 	}
 }
