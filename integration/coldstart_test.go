@@ -99,3 +99,50 @@ func TestColdStartSlowLink(t *testing.T) {
 	assert.Zero(t, lr.failed.Load(), "pgxlanes: no Short statement fails because a connection was being opened")
 	assert.Greater(t, lp.Stat().NewConnsCount(), int64(8), "connections were recycled several times during the test")
 }
+
+// TestExpiredIdleConnectionIsDialledNotPinged: an idle connection past MaxConnLifetime looks
+// like one pgxpool would ping, but pgxpool destroys it at acquire and dials another. Over a link
+// with 150 ms each way the dial takes longer than Short's 1 s acquire timeout: the call must wait
+// for it (a dial is bounded by ConnectTimeout), not fail at 1 s. pgxpool beside.
+func TestExpiredIdleConnectionIsDialledNotPinged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs for about 10 s")
+	}
+	s := tlsServer(t)
+	via := func() string {
+		u, err := url.Parse(s.DSN())
+		require.NoError(t, err)
+		proxy, err := faultproxy.New(u.Host)
+		require.NoError(t, err)
+		t.Cleanup(func() { proxy.Close() })
+		require.NoError(t, proxy.SetLatency(faultproxy.Both, 150*time.Millisecond))
+		u.Host = proxy.Addr()
+		// Health checks far apart: the expired connection stays in the pool until an acquire.
+		return withParams(u.String(), "pool_max_conns=2&pool_max_conn_lifetime=2s&pool_max_conn_lifetime_jitter=0s&pool_health_check_period=1h")
+	}
+	ctx := context.Background()
+	pp, err := pgxpool.New(ctx, via())
+	require.NoError(t, err)
+	defer pp.Close()
+	lp, err := pgxlanes.New(ctx, via())
+	require.NoError(t, err)
+	defer lp.Close()
+
+	for _, q := range []func(context.Context) error{
+		func(ctx context.Context) error { _, err := pp.Exec(ctx, "select 1"); return err },
+		func(ctx context.Context) error { _, err := lp.Exec(ctx, "select 1"); return err },
+	} {
+		require.NoError(t, q(ctx), "the first statement opens a connection")
+	}
+	time.Sleep(2500 * time.Millisecond) // both pools' one connection is now past its lifetime
+	start := time.Now()
+	_, err = pp.Exec(ctx, "select 1")
+	require.NoError(t, err)
+	t.Logf("pgxpool: %v (a new connection)", time.Since(start))
+	start = time.Now()
+	_, err = lp.Exec(ctx, "select 1")
+	took := time.Since(start)
+	t.Logf("pgxlanes: %v, err %v", took, err)
+	require.NoError(t, err, "an expired idle connection replaced at acquire is a dial, bounded by ConnectTimeout")
+	assert.Greater(t, took, time.Second, "the test dialled over the slow link (else it proves nothing)")
+}
