@@ -82,7 +82,7 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
 	echo
 	echo "== benchmarks ($BENCHCOUNT runs each; ratios by benchstat -col /Impl)"
-	(cd integration && go test -run '^$' -bench 'Select1|AcquireRelease|BenchmarkTx$' -benchmem -count "$BENCHCOUNT" . &&
+	(cd integration && go test -run '^$' -bench 'Select1|AcquireRelease|BenchmarkTx$|HotPath' -benchmem -count "$BENCHCOUNT" . &&
 		go test -run '^$' -bench 'OverLink' -benchmem -count "$BENCHCOUNT" -benchtime 300x . &&
 		go test -run '^$' -bench 'Deadline' -count "$BENCHCOUNT" -benchtime 100x . &&
 		cd .. && go test -run '^$' -bench 'AcquireRelease|Contended' -benchmem -count "$BENCHCOUNT" ./reserve) >"$out/bench.txt" 2>&1 || true
