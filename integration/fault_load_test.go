@@ -81,7 +81,9 @@ func createFaultTable(t testing.TB, dsn string) {
 }
 
 // errKind classifies an error of the load. Every kind but "untyped" is one a caller can act on:
-//   - acquire_timeout, lane_full, closed, budget: the pgxlanes sentinels (errors.Is);
+//   - acquire_timeout, lane_full, closed, budget, commit_unknown: the pgxlanes sentinels
+//     (errors.Is; commit_unknown: the connection was lost during COMMIT, which may have
+//     committed: the accounting counts those commits as ambiguous);
 //   - deadline, canceled: the call's own context (errors.Is on its ctx error);
 //   - server_<SQLSTATE>: a *pgconn.PgError of class 08 (connection exception), 53 (insufficient
 //     resources: 53300 too many connections) or 57 (operator intervention: 57P01 admin shutdown,
@@ -105,6 +107,8 @@ func errKind(err error) string {
 		return "lane_full"
 	case errors.Is(err, pgxlanes.ErrClosed):
 		return "closed"
+	case errors.Is(err, pgxlanes.ErrCommitOutcomeUnknown):
+		return "commit_unknown"
 	case errors.Is(err, pgxlanes.ErrBudgetExceeded):
 		return "budget"
 	case errors.Is(err, context.DeadlineExceeded):

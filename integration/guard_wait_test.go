@@ -200,12 +200,17 @@ func TestSlowOnViolationDelaysNoCancel(t *testing.T) {
 	assert.Less(t, took, 1200*time.Millisecond, "the cancel waited for the slow handler")
 }
 
-// TestGuardOpensWithThePool: the guard session opens when the pool is created, before any of the
-// pool's own connections, so that a burst of them cannot take the server's last slots from it.
-func TestGuardOpensWithThePool(t *testing.T) {
+// TestGuardOpensWithTheFirstLease: the guard session opens in the background with the pool's
+// first lease, as early as pgxpool's contract allows: pgxpool's NewWithConfig opens nothing and
+// calls no hook (pgx's TestConstructorIgnoresContext, TestPoolBackgroundConnectionsContext), and its
+// MinConns connections are counted through BeforeConnect (TestConnectEagerlyReachesMinPoolSize),
+// which the guard's login goes through too. Not before: New and MinConns leave no guard session.
+func TestGuardOpensWithTheFirstLease(t *testing.T) {
 	dsn := newDB(t, 1)
 	admin := adminConn(t, dsn)
-	p, _ := newGuardedPool(t, dsn, "pool_max_conns=4", nil)
+	p, _ := newGuardedPool(t, dsn, "pool_max_conns=4&pool_min_conns=2", nil)
+	pgserver.Eventually(t, 10*time.Second, "MinConns' connections", func() bool { return p.Stat().TotalConns() == 2 })
+	assert.Empty(t, guardPIDs(t, admin), "no guard session before the first lease")
+	require.NoError(t, p.Ping(context.Background()))
 	waitGuard(t, admin)
-	assert.Zero(t, p.Stat().TotalConns(), "the guard opened before the pool's first connection")
 }

@@ -81,6 +81,10 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	conn := pc.Conn()
 	w := wireOf(conn.PgConn())
 	srv := p.lanes[rt.lane].srv
+	// The guard session opens with the first lease, in the background: not at New, where
+	// pgxpool opens nothing and calls no hook, nor with MinConns' background connections, which
+	// pgx's own tests count through BeforeConnect.
+	srv.term.warm()
 	l := newLeaseValue()
 	l.p, l.srv, l.pc, l.conn, l.w, l.slot = p, srv, pc, conn, w, slot
 	l.rt, l.kind, l.pid, l.fleetSlot = rt, kind, conn.PgConn().PID(), fleetSlot

@@ -169,7 +169,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	if srv.res, err = reserve.New(cfg.reserveConfig(lanes, int(base.MaxConns))); err != nil {
 		return fromReserveConfig(err)
 	}
-	srv.term = newTerminator(base, p.obs.logger)
+	srv.term = newTerminator(ctx, base, p.obs.logger)
 	pc := p.pgxpoolConfig(base, srv)
 	srv.connectTimeout = pc.ConnConfig.ConnectTimeout
 	if srv.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
@@ -177,7 +177,6 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	}
 	p.servers = append(p.servers, srv)
 	srv.holders.short.size(int(base.MaxConns))
-	srv.term.warm() // before the pool's connections compete for the server's last slots
 	return nil
 }
 
@@ -231,7 +230,6 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 			return err
 		}
 		srv.open.Add(1)
-		srv.term.warm()
 		return nil
 	}
 	pc.BeforeClose = func(c *pgx.Conn) {

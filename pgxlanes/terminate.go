@@ -36,6 +36,7 @@ const guardTag = "/* pgxlanes guard */ "
 // polls), so that one lease's terminate never holds up another's for longer than a statement.
 type terminator struct {
 	base   *pgxpool.Config // the user's: the session opens as the pool's connections do (dial.go)
+	values context.Context // the values of the ctx the pool was created with, for BeforeConnect
 	logger *slog.Logger
 	reporter
 
@@ -48,8 +49,8 @@ type terminator struct {
 	wg     sync.WaitGroup
 }
 
-func newTerminator(base *pgxpool.Config, logger *slog.Logger) *terminator {
-	t := &terminator{base: base.Copy(), logger: logger, sem: make(chan struct{}, 1)}
+func newTerminator(ctx context.Context, base *pgxpool.Config, logger *slog.Logger) *terminator {
+	t := &terminator{base: base.Copy(), values: context.WithoutCancel(ctx), logger: logger, sem: make(chan struct{}, 1)}
 	t.sem <- struct{}{}
 	return t
 }
@@ -58,7 +59,22 @@ func newTerminator(base *pgxpool.Config, logger *slog.Logger) *terminator {
 // pg_stat_activity, as the pool opens its connections (dial.go: the user's BeforeConnect, TLS,
 // dialer and fallbacks). It is the one place where the pool opens a session outside pgxpool.
 func (t *terminator) connect(ctx context.Context, name string) (*pgx.Conn, error) {
-	return openSideSession(ctx, t.base, name)
+	return openSideSession(withValues{ctx, t.values}, t.base, name)
+}
+
+// withValues is a context with the values of vals wherever its own has none: the user's
+// BeforeConnect sees, for a side session, the values of the ctx the pool was created with, as it
+// does for pgxpool's background connections.
+type withValues struct {
+	context.Context
+	vals context.Context
+}
+
+func (c withValues) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
+	}
+	return c.vals.Value(key)
 }
 
 // warm opens the guard session in the background, once.

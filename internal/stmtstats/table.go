@@ -367,12 +367,16 @@ func (t *Table) relative(k Key, f uint64) bool {
 	if t.relativeDisabledTest {
 		return true
 	}
-	if t.hot(k) {
-		return false
-	}
 	runs := t.runs.Load() - t.prevRuns.Load()
 	if runs < t.minRunsForRelative {
-		return false // too few runs to tell the statement from the rest of the lane
+		// Too few runs to compare the statement with the rest of the lane: the fraction alone
+		// decides. A lane that runs few statements is one that slow statements fill (2 slots
+		// held by 0.4 s statements run 5 a second), which is when learning matters most; the
+		// saturated server the rule guards against runs many.
+		return true
+	}
+	if t.hot(k) {
+		return false
 	}
 	slow := t.slowRuns.Load() - t.prevSlow.Load()
 	// g = slow/runs; demote only if f >= 2g, that is f·runs >= 2·slow·one.
