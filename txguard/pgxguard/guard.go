@@ -2,7 +2,8 @@
 //
 // Every connection a caller takes from the pool (Acquire, Begin, Query until its rows close) is a
 // lease, watched from its acquire to its release against a budget. A lease that overruns is
-// flagged (a log line with the backend PID and, if asked for, the acquiring call site), cancelled
+// flagged (a log line with the backend PID, the sessions holding a lock it waits for and, if
+// asked for, the acquiring call site), cancelled
 // (a protocol cancel request) or terminated (pg_terminate_backend over the guard's own session,
 // verified), up txguard's ladder. The guard hooks pgxpool's AcquireTracer and ReleaseTracer
 // through ConnConfig.Tracer, keeping the user's tracer.
@@ -68,9 +69,15 @@ type Config struct {
 	// CallSites records where each connection was acquired, for the log lines and Violation. It
 	// costs a runtime.Callers per acquire (about 1 µs); off by default.
 	CallSites bool
-	// OnViolation, if set, is called after each action with what happened. It runs on the guard's
-	// goroutines: a slow one delays other leases' flags, not callers.
+	// OnViolation, if set, is called after each action with what happened. It runs on a goroutine
+	// of the action's own: a slow one delays neither callers nor other leases' actions.
 	OnViolation func(Violation)
+	// ServerBackstop sets idle_in_transaction_session_timeout in the startup packet of the pool's
+	// connections (unless the connection string sets it) to just past the ladder's last step, so
+	// that the server ends a transaction left idle by a client that froze or lost its guard.
+	// Off by default; ignored with Flag, which never interrupts. It applies to every session of
+	// the pool: WithBudget cannot lift it for one transaction.
+	ServerBackstop bool
 }
 
 // Violation is what the guard did to one lease.
@@ -80,9 +87,22 @@ type Violation struct {
 	Budget   time.Duration
 	PID      uint32 // the backend's process ID
 	CallSite string // where it was acquired, when Config.CallSites is on
+	// BlockedBy are the sessions holding a lock the lease's statement waits for, looked up when
+	// it is flagged (pg_blocking_pids): a flagged transaction is often a victim, not a culprit.
+	BlockedBy []Blocker
 	// Err is why a cancel or terminate failed; nil when it was carried out (a terminate is
 	// carried out only when the server reported the backend gone).
 	Err error
+}
+
+// Blocker is a session holding a lock that a flagged lease waits for.
+type Blocker struct {
+	PID uint32
+	// CallSite is where this pool acquired the blocking session, when it is one of this pool's
+	// leases and Config.CallSites is on; "" otherwise.
+	CallSite string
+	// OfThisPool says the blocking session is one of this pool's leases.
+	OfThisPool bool
 }
 
 // Stats counts what a Guard did since it was created.
@@ -149,6 +169,13 @@ func New(pc *pgxpool.Config, c Config) (*Guard, error) {
 		g.logger = slog.Default()
 	}
 	g.side = newSideSession(pc)
+	if c.ServerBackstop && c.Action != txguard.Flag {
+		const name = "idle_in_transaction_session_timeout"
+		if _, set := pc.ConnConfig.RuntimeParams[name]; !set {
+			last := txguard.LastStep(c.Budget, c.Action) + time.Second
+			pc.ConnConfig.RuntimeParams[name] = strconv.FormatInt(last.Milliseconds(), 10)
+		}
+	}
 	g.sched = txguard.New()
 	t := &tracer{g: g}
 	if user := pc.ConnConfig.Tracer; user != nil {
@@ -288,6 +315,14 @@ func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 			return
 		}
 		g.counts[countFlagged].Add(1)
+		// Flag runs on the guard's goroutine: the lookup and the report go on one of their own.
+		g.acts.Add(1)
+		go func() {
+			defer g.acts.Done()
+			v.BlockedBy = g.blockers(l.pid)
+			g.report(v, l)
+		}()
+		return
 	case txguard.Cancel:
 		if !l.claim(true) {
 			return
@@ -326,6 +361,16 @@ func (g *Guard) report(v Violation, l *lease) {
 		level, msg = slog.LevelError, "pgxguard: "+v.Action.String()+" failed"
 		attrs = append(attrs, slog.String("error", v.Err.Error()))
 	}
+	for _, b := range v.BlockedBy {
+		who := "another client"
+		if b.OfThisPool {
+			who = "this pool"
+			if b.CallSite != "" {
+				who += ", acquired at " + b.CallSite
+			}
+		}
+		attrs = append(attrs, slog.String("blocked_by", strconv.FormatUint(uint64(b.PID), 10)+" ("+who+")"))
+	}
 	g.logger.LogAttrs(context.Background(), level, msg, attrs...)
 	if g.cfg.OnViolation != nil {
 		g.cfg.OnViolation(v)
@@ -342,6 +387,28 @@ func (l *lease) attrs(elapsed time.Duration) []slog.Attr {
 		a = append(a, slog.String("acquired_at", l.site))
 	}
 	return a
+}
+
+// blockers names the sessions holding a lock that backend pid waits for, over the guard's own
+// session, and marks those that are this pool's leases. A lookup that fails names none.
+func (g *Guard) blockers(pid uint32) []Blocker {
+	pids, err := g.side.blockingPIDs(pid)
+	if err != nil || len(pids) == 0 {
+		return nil
+	}
+	bs := make([]Blocker, len(pids))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, p := range pids {
+		bs[i].PID = p
+		for _, l := range g.leases {
+			if l.pid == p {
+				bs[i].OfThisPool, bs[i].CallSite = true, l.site
+				break
+			}
+		}
+	}
+	return bs
 }
 
 // callSite returns the first frame outside pgx, pgxpool and this package.

@@ -326,3 +326,79 @@ func itoa(u uint32) string {
 		}
 	}
 }
+
+// A flagged lease that waits for a lock names the session holding it: here another lease of the
+// same pool, with the call site that acquired it.
+func TestFlagNamesTheLockHolder(t *testing.T) {
+	var mu sync.Mutex
+	var seen []pgxguard.Violation
+	pool, _ := guarded(t, pgxguard.Config{Budget: 300 * time.Millisecond, CallSites: true, Logger: slog.New(&recorder{}),
+		OnViolation: func(v pgxguard.Violation) {
+			mu.Lock()
+			seen = append(seen, v)
+			mu.Unlock()
+		}}, func(pc *pgxpool.Config) { pc.MaxConns = 2 })
+	ctx := context.Background()
+	_, err := pool.Exec(pgxguard.WithBudget(ctx, 0), "create table items (id int primary key, v int); insert into items values (1, 0)")
+	require.NoError(t, err)
+
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx) // a failed assertion must not leave Close waiting for it
+	_, err = holder.Exec(ctx, "select v from items where id = 1 for update")
+	require.NoError(t, err)
+	holderPID := holder.Conn().PgConn().PID()
+
+	waiter, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer waiter.Rollback(ctx)
+	waiterPID := waiter.Conn().PgConn().PID()
+	done := make(chan error, 1)
+	go func() {
+		_, err := waiter.Exec(ctx, "update items set v = v + 1 where id = 1")
+		done <- err
+	}()
+	var named pgxguard.Violation
+	pgserver.Eventually(t, 10*time.Second, "the waiter flagged with its blocker", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, v := range seen {
+			if v.PID == waiterPID && len(v.BlockedBy) > 0 {
+				named = v
+				return true
+			}
+		}
+		return false
+	})
+	require.NoError(t, holder.Commit(ctx))
+	require.NoError(t, <-done)
+	require.NoError(t, waiter.Commit(ctx))
+	require.Len(t, named.BlockedBy, 1)
+	b := named.BlockedBy[0]
+	assert.Equal(t, holderPID, b.PID)
+	assert.True(t, b.OfThisPool)
+	assert.Contains(t, b.CallSite, "guard_test.go", "the holder's acquiring call site")
+}
+
+// ServerBackstop puts idle_in_transaction_session_timeout just past the ladder's last step in
+// the startup packet, unless the connection string sets one; Flag never interrupts, so it gets
+// none.
+func TestServerBackstop(t *testing.T) {
+	show := func(pool *pgxpool.Pool) string {
+		var v string
+		require.NoError(t, pool.QueryRow(context.Background(), "show idle_in_transaction_session_timeout").Scan(&v))
+		return v
+	}
+	pool, _ := guarded(t, pgxguard.Config{Budget: 200 * time.Millisecond, Action: txguard.Cancel, ServerBackstop: true,
+		Logger: slog.New(&recorder{})})
+	assert.Equal(t, "1400ms", show(pool), "twice the budget (the terminate of the Cancel ladder) plus a second")
+
+	pool, _ = guarded(t, pgxguard.Config{Budget: 200 * time.Millisecond, Action: txguard.Cancel, ServerBackstop: true,
+		Logger: slog.New(&recorder{})}, func(pc *pgxpool.Config) {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "5000"
+	})
+	assert.Equal(t, "5s", show(pool), "the user's own value is kept")
+
+	pool, _ = guarded(t, pgxguard.Config{Budget: 200 * time.Millisecond, ServerBackstop: true, Logger: slog.New(&recorder{})})
+	assert.Equal(t, "0", show(pool), "Flag sets no backstop")
+}

@@ -80,6 +80,32 @@ func (s *sideSession) terminate(pid uint32) error {
 	return fmt.Errorf("pgxguard: terminating backend %d: %w", pid, err)
 }
 
+// blockingPIDs returns pg_blocking_pids(pid): the sessions holding a lock that pid waits for.
+func (s *sideSession) blockingPIDs(pid uint32) ([]uint32, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), terminateWait)
+	defer cancel()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errClosed
+	}
+	if s.conn == nil || s.conn.IsClosed() {
+		var err error
+		if s.conn, err = s.connect(ctx); err != nil {
+			return nil, err
+		}
+	}
+	var pids []int32
+	if err := s.conn.QueryRow(ctx, "/* pgxguard */ select pg_blocking_pids($1)", int32(pid)).Scan(&pids); err != nil {
+		return nil, err
+	}
+	out := make([]uint32, len(pids))
+	for i, p := range pids {
+		out[i] = uint32(p)
+	}
+	return out, nil
+}
+
 func (s *sideSession) close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
