@@ -113,6 +113,12 @@ func runSQLTransfers(t *testing.T, db *sql.DB, n int) map[string]bool {
 			for i := w; i < n; i += 6 {
 				key := fmt.Sprint("k", i)
 				err := stdlib.RetryTxWith(ctx, db, o, &sql.TxOptions{Isolation: sql.LevelSerializable}, func(tx *sql.Tx) error {
+					// The transfers go round the three accounts, so lock cycles are common: detect
+					// them in 50 ms rather than the default second, which a loaded machine turns
+					// into minutes.
+					if _, err := tx.ExecContext(ctx, "set local deadlock_timeout = '50ms'"); err != nil {
+						return err
+					}
 					return sqlTransfer(ctx, tx, key, 1+i%3, 1+(i+1)%3, int64(1+i%50))
 				})
 				switch {
