@@ -24,9 +24,8 @@ const guardTag = "/* pgxlanes guard */ "
 // fleet's slots live on sessions of their own (fleet.go), so that a Long caller never waits
 // behind a terminate; every side session the pool opens is opened by connect.
 //
-// It gets its session when it can: it opens in the background when the pool starts, before the
-// pool's own connections compete for the server's last max_connections slots, and again whenever
-// it is found closed. While idle it pings at half the server's idle_session_timeout, so that the
+// It gets its session when it can: it opens in the background with the pool's first lease (not at
+// New, where pgxpool opens nothing and calls no hook), and again whenever it is found closed. While idle it pings at half the server's idle_session_timeout, so that the
 // server does not close it. A terminate that finds it broken (a restart, a firewall) reconnects
 // and tries again. If the server refuses it (max_connections), terminates fail and are reported
 // as failed; size max_connections for the pools plus their side sessions (docs/scale-out.md).
