@@ -29,14 +29,7 @@ func TestColdStartSlowLink(t *testing.T) {
 	s := tlsServer(t)
 	const oneWay = 150 * time.Millisecond
 	via := func() string {
-		u, err := url.Parse(s.DSN())
-		require.NoError(t, err)
-		proxy, err := faultproxy.New(u.Host)
-		require.NoError(t, err)
-		t.Cleanup(func() { proxy.Close() })
-		require.NoError(t, proxy.SetLatency(faultproxy.Both, oneWay))
-		u.Host = proxy.Addr()
-		return withParams(u.String(), "pool_max_conns=4&pool_max_conn_lifetime=3s&pool_max_conn_lifetime_jitter=500ms&pool_health_check_period=500ms")
+		return slowLink(t, s.DSN(), oneWay, "pool_max_conns=4&pool_max_conn_lifetime=3s&pool_max_conn_lifetime_jitter=500ms&pool_health_check_period=500ms")
 	}
 	ctx := context.Background()
 	pp, err := pgxpool.New(ctx, via())
@@ -110,15 +103,8 @@ func TestExpiredIdleConnectionIsDialledNotPinged(t *testing.T) {
 	}
 	s := tlsServer(t)
 	via := func() string {
-		u, err := url.Parse(s.DSN())
-		require.NoError(t, err)
-		proxy, err := faultproxy.New(u.Host)
-		require.NoError(t, err)
-		t.Cleanup(func() { proxy.Close() })
-		require.NoError(t, proxy.SetLatency(faultproxy.Both, 150*time.Millisecond))
-		u.Host = proxy.Addr()
 		// Health checks far apart: the expired connection stays in the pool until an acquire.
-		return withParams(u.String(), "pool_max_conns=2&pool_max_conn_lifetime=2s&pool_max_conn_lifetime_jitter=0s&pool_health_check_period=1h")
+		return slowLink(t, s.DSN(), 150*time.Millisecond, "pool_max_conns=2&pool_max_conn_lifetime=2s&pool_max_conn_lifetime_jitter=0s&pool_health_check_period=1h")
 	}
 	ctx := context.Background()
 	pp, err := pgxpool.New(ctx, via())
@@ -145,4 +131,18 @@ func TestExpiredIdleConnectionIsDialledNotPinged(t *testing.T) {
 	t.Logf("pgxlanes: %v, err %v", took, err)
 	require.NoError(t, err, "an expired idle connection replaced at acquire is a dial, bounded by ConnectTimeout")
 	assert.Greater(t, took, time.Second, "the test dialled over the slow link (else it proves nothing)")
+}
+
+// slowLink returns dsn through a proxy of its own that delays each direction by oneWay, with
+// params added; the proxy closes with the test.
+func slowLink(t *testing.T, dsn string, oneWay time.Duration, params string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	proxy, err := faultproxy.New(u.Host)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	require.NoError(t, proxy.SetLatency(faultproxy.Both, oneWay))
+	u.Host = proxy.Addr()
+	return withParams(u.String(), params)
 }

@@ -130,7 +130,7 @@ func (d *demo) runPriority(ctx context.Context, spec contenderSpec) (*priorityRe
 	runCtx, cancel := context.WithDeadline(ctx, start.Add(cfg.prio+windDown))
 	defer cancel()
 	probeDone := probe(runCtx, d.admin, rec)
-	progressDone := d.prioProgress(runCtx, spec.name, rec)
+	progressDone := d.progress(runCtx, spec.name, rec, prioLine(rec))
 	defer func() { cancel(); <-probeDone; <-progressDone }()
 
 	var bg sync.WaitGroup
@@ -318,32 +318,14 @@ func (r *recorder) priorityResult(cfg *config, load bool, ages *laneAges, from t
 	return pr
 }
 
-// prioProgress prints a line per second on stderr until ctx ends: the critical requests so far,
-// the p99 of those finished in the last second, and the background calls done. The channel
-// closes when it stops.
-func (d *demo) prioProgress(ctx context.Context, name string, rec *recorder) <-chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				p := rec.progress()
-				recent := "-"
-				if p.recent > 0 {
-					recent = fmtDur(p.recentP99)
-				}
-				rec.mu.Lock()
-				bgShort, bgTx := rec.bg[0].done, rec.bg[1].done
-				rec.mu.Unlock()
-				d.logf("   %-16s %4.0fs priority   critical: %4d done %3d failed, p99 of last 1s %s | background done: %d in Short, %d in Tx",
-					name, time.Since(rec.start).Seconds(), p.done, p.failed, recent, bgShort, bgTx)
-			}
-		}
-	}()
-	return done
+// prioLine is the priority phase's progress line: the critical requests so far, the p99 of those
+// finished in the last second, and the background calls done.
+func prioLine(rec *recorder) func(p progressLine, recent string) string {
+	return func(p progressLine, recent string) string {
+		rec.mu.Lock()
+		bgShort, bgTx := rec.bg[0].done, rec.bg[1].done
+		rec.mu.Unlock()
+		return fmt.Sprintf("priority   critical: %4d done %3d failed, p99 of last 1s %s | background done: %d in Short, %d in Tx",
+			p.done, p.failed, recent, bgShort, bgTx)
+	}
 }

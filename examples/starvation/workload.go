@@ -127,7 +127,7 @@ func (d *demo) runContender(ctx context.Context, spec contenderSpec) (*contender
 	// another session locking the demo's rows) ends with an error instead of hanging.
 	windDown := cfg.timeout + max(maxHold(cfg), cfg.slowSleep)
 	runCtx, cancelRun = context.WithDeadline(ctx, start.Add(planned+windDown))
-	progressDone := d.progress(runCtx, spec.name, rec)
+	progressDone := d.progress(runCtx, spec.name, rec, nil)
 	probeDone := probe(runCtx, d.admin, rec)
 	var cut atomic.Int32 // long workers stopped by the run's end, not by the gate
 	// stop ends the run; no goroutine of the run outlives it, whatever the way out.
@@ -334,7 +334,15 @@ func (d *demo) longWorker(ctx, hold context.Context, q querier, g *gate, idx int
 }
 
 // progress prints a line per second on stderr until ctx ends; the channel closes when it stops.
-func (d *demo) progress(ctx context.Context, name string, rec *recorder) <-chan struct{} {
+// line renders the line from the recorder's figures and the p99 of the last second ("-" if none);
+// nil is the main phases' line.
+func (d *demo) progress(ctx context.Context, name string, rec *recorder, line func(p progressLine, recent string) string) <-chan struct{} {
+	if line == nil {
+		line = func(p progressLine, recent string) string {
+			return fmt.Sprintf("%-10s lookups: %5d sent %5d done %4d failed %5d waiting, p99 of last 1s %s | long tx: %d committed | slow: %d done",
+				p.phase, p.sent, p.done, p.failed, p.sent-p.done-p.failed, recent, p.long, p.slow)
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -350,9 +358,7 @@ func (d *demo) progress(ctx context.Context, name string, rec *recorder) <-chan 
 				if p.recent > 0 {
 					recent = fmtDur(p.recentP99)
 				}
-				d.logf("   %-16s %4.0fs %-10s lookups: %5d sent %5d done %4d failed %5d waiting, p99 of last 1s %s | long tx: %d committed | slow: %d done",
-					name, time.Since(rec.start).Seconds(), p.phase, p.sent, p.done, p.failed, p.sent-p.done-p.failed,
-					recent, p.long, p.slow)
+				d.logf("   %-16s %4.0fs %s", name, time.Since(rec.start).Seconds(), line(p, recent))
 			}
 		}
 	}()
