@@ -207,11 +207,10 @@ func TestProbationCap(t *testing.T) {
 	assert.LessOrEqual(t, peak.Load(), int32(capacity), "unproven statements held at most Short's cap less its reserve")
 	assert.Equal(t, int32(capacity), peak.Load(), "and used it")
 
-	// Its first run passed the 100 ms threshold with no fast run on record: demoted at once (the
-	// callers still waiting for a token went to Long's capacity). A statement proven fast by
-	// one run (literals fold: pg_sleep(0) is the same statement) takes Short's capacity: 12 at
-	// once.
-	require.Equal(t, 1, p.Stat().Learning().Demoted)
+	// Its runs passed the 100 ms threshold, but in the learner's first window there are too few
+	// runs to compare them with: not demoted. A statement proven fast by one run takes Short's
+	// capacity: 12 at once.
+	require.Zero(t, p.Stat().Learning().Demoted)
 	require.NoError(t, p.QueryRow(bg, "select pg_sleep(0), 2").Scan(new(any), new(any)))
 	require.Equal(t, 2, p.Stat().Learning().Proven) // select 1 and now this one
 	peak.Store(0)

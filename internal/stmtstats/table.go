@@ -369,11 +369,12 @@ func (t *Table) relative(k Key, f uint64) bool {
 	}
 	runs := t.runs.Load() - t.prevRuns.Load()
 	if runs < t.minRunsForRelative {
-		// Too few runs to compare the statement with the rest of the lane: the fraction alone
-		// decides. A lane that runs few statements is one that slow statements fill (2 slots
-		// held by 0.4 s statements run 5 a second), which is when learning matters most; the
-		// saturated server the rule guards against runs many.
-		return true
+		// Too few runs to compare the statement with the rest of the lane. In the Table's first
+		// window there is no data yet: hold back (a saturated pool's first runs are all slow).
+		// Once a whole window has passed with that few runs, the fraction alone decides: a lane
+		// that runs few statements is one that slow statements fill (2 slots held by 0.4 s
+		// statements run 5 a second), which is when learning matters most.
+		return t.winStart.Load() > 0
 	}
 	if t.hot(k) {
 		return false
