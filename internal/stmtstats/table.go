@@ -367,17 +367,12 @@ func (t *Table) relative(k Key, f uint64) bool {
 	if t.relativeDisabledTest {
 		return true
 	}
-	runs := t.runs.Load() - t.prevRuns.Load()
-	if runs < t.minRunsForRelative {
-		// Too few runs to compare the statement with the rest of the lane. In the Table's first
-		// window there is no data yet: hold back (a saturated pool's first runs are all slow).
-		// Once a whole window has passed with that few runs, the fraction alone decides: a lane
-		// that runs few statements is one that slow statements fill (2 slots held by 0.4 s
-		// statements run 5 a second), which is when learning matters most.
-		return t.winStart.Load() > 0
-	}
 	if t.hot(k) {
 		return false
+	}
+	runs := t.runs.Load() - t.prevRuns.Load()
+	if runs < t.minRunsForRelative {
+		return false // too few runs to tell the statement from the rest of the lane
 	}
 	slow := t.slowRuns.Load() - t.prevSlow.Load()
 	// g = slow/runs; demote only if f >= 2g, that is f·runs >= 2·slow·one.
