@@ -185,6 +185,10 @@ func TestRiverOnTheBridge(t *testing.T) {
 	t.Logf("lookups during the burst (loadavg %s): bridge %d, p99 %s, max %s; pgx stdlib on pgxpool %d, p99 %s, max %s",
 		loadavg(), n, fmtDur(p99), fmtDur(lat.max()), pn, fmtDur(pp99), fmtDur(plainLat.max()))
 	require.Greater(t, n, 50)
+	// A lookup that waits behind a job waits about a hold, and a client runs one such lookup per
+	// hold against ~100 unblocked ones, so the blocked lookups are few: the reference shows them in
+	// its max, not its p99 (p99 1.65 ms, max 1.01 s in one run).
 	assert.Less(t, p99, hold/2, "the service's lookups waited behind River's jobs")
-	assert.GreaterOrEqual(t, pp99, hold/2, "pgx's stdlib: the burst did not reproduce head-of-line blocking")
+	assert.Less(t, lat.max(), hold, "a lookup on the bridge waited a whole job's hold")
+	assert.GreaterOrEqual(t, plainLat.max(), hold/2, "pgx's stdlib: the burst did not reproduce head-of-line blocking")
 }

@@ -50,6 +50,7 @@ func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 		if !v.Warning {
 			l.mark(fFlagged) // over budget on a flag lane; a warning flags nothing
 		}
+		l.p.counted(v)
 		l.srv.term.report(func() { l.p.violated(v) })
 		return
 	case txguard.Cancel:
@@ -70,20 +71,22 @@ func (l *lease) Act(a txguard.Action, elapsed time.Duration) {
 // COMMIT in flight is not interrupted: the violation is recorded and reported, and the COMMIT's
 // own outcome is what the owner gets.
 func (l *lease) cancel(elapsed time.Duration) {
+	v := l.violationOf(ActionCancel, elapsed, nil)
 	l.mu.Lock()
 	switch l.phase() {
 	case phActive:
 		be := l.budgetError(ActionCancel, elapsed, nil)
 		l.violation.Store(be)
+		l.p.counted(v) // before the owner can return be
 		l.w.Interrupt(be)
 	case phCommitting:
 		l.violation.CompareAndSwap(nil, l.budgetError(ActionCancel, elapsed, nil))
+		l.p.counted(v)
 	default:
 		l.mu.Unlock()
 		return
 	}
 	l.mu.Unlock()
-	v := l.violationOf(ActionCancel, elapsed, nil)
 	l.srv.term.report(func() { l.p.violated(v) })
 }
 
@@ -132,8 +135,9 @@ func (l *lease) terminate(elapsed time.Duration) {
 		l.setLocked(phEnded)
 	}
 	l.mu.Unlock()
-	l.end(endTerminated)
 	v := l.violationOf(ActionTerminate, elapsed, err)
+	l.p.counted(v)
+	l.end(endTerminated)
 	l.srv.term.report(func() { l.p.violated(v) })
 }
 

@@ -233,11 +233,16 @@ func (s *Stat) MaxLifetimeDestroyCount() int64 {
 // MaxIdleDestroyCount is the number of connections closed for exceeding MaxConnIdleTime.
 func (s *Stat) MaxIdleDestroyCount() int64 { return sum64(s.s, (*pgxpool.Stat).MaxIdleDestroyCount) }
 
-// violated counts a budget action and reports it.
-func (p *Pool) violated(v Violation) {
+// counted counts a budget action in the lane's figures. It runs on the guard's goroutine before
+// the owner can see the action's error, so Stat shows every violation its caller has been told of.
+func (p *Pool) counted(v Violation) {
 	if int(v.Lane) < numLanes {
 		p.lanes[v.Lane].counts.violated(v)
 	}
+}
+
+// violated reports a counted budget action; it runs on the reporter's goroutine (report.go).
+func (p *Pool) violated(v Violation) {
 	p.status.violation(v)
 	p.obs.violation(v)
 }
