@@ -86,12 +86,16 @@
 // numbers, strings, lists of literals or parameters, comments or whitespace share a key, so a
 // query builder that inlines values (where id = 42, where id in (1,2,3)) is learned as one
 // statement. Key hashes the folded text in one pass over the text, without building it and
-// without allocating (BenchmarkKey compares it with a plain hash of the text). Texts whose cost
-// depends on a literal (limit 10 and limit 100000) share an entry: the price of folding.
+// without allocating. Folding costs several times a plain hash of the text, so Key first looks
+// the string up by identity in a cache of 1,024 slots (keycache.go): a text seen before at the
+// same address, a constant or a string the caller keeps, costs an atomic load, less than the
+// plain hash; a text built per call is folded (BenchmarkKey measures the three). Texts whose
+// cost depends on a literal (limit 10 and limit 100000) share an entry: the price of folding.
 //
 // # Memory
 //
-// A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB),
+// A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB) and
+// the key cache (16 KiB, and the texts it holds: at most 1,024 of at most 1 KiB; see keycache.go),
 // grouped in sets of eight, one cache line each. A statement lives only in the set its hash
 // selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
 // point, the time of its last change in 12 bits, the proven and demoted bits, a recently-used
@@ -108,7 +112,8 @@
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use and allocate nothing. Classify is eight atomic loads
+// All methods are safe for concurrent use and allocate nothing, but Key when it caches a text
+// (once per text, at its second call with the same string). Classify is eight atomic loads
 // in one cache line; Overran and Done also, and one compare-and-swap only when the entry
 // changes. A hot statement in steady state (fast with f at its floor, or slow and demoted with
 // f = 1) changes no entry, so any number of goroutines classify and observe it without writing

@@ -1,4 +1,16 @@
 package stmtstats
 
+import "unsafe"
+
 // NoRelative turns the relative rule off, for tests of the fraction alone.
 func NoRelative(t *Table) { t.relativeDisabledTest = true }
+
+// Cached reports whether the Table's key cache holds sql (by identity).
+func Cached(t *Table, sql string) bool {
+	if len(sql) == 0 {
+		return false
+	}
+	i, _ := keySlot(unsafe.StringData(sql), len(sql))
+	e := t.keys.slots[i].Load()
+	return e != nil && unsafe.StringData(e.sql) == unsafe.StringData(sql) && len(e.sql) == len(sql)
+}

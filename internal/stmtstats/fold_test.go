@@ -3,6 +3,7 @@ package stmtstats_test
 import (
 	"fmt"
 	"hash/maphash"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -84,7 +85,9 @@ func FuzzFold(f *testing.F) {
 }
 
 // BenchmarkKey: the key of a statement, folded, against a plain hash of the text (what the key
-// cost before folding). Texts of 40, 90 and 300 bytes, with and without literals.
+// cost before folding). Texts of 40, 90 and 300 bytes, with and without literals. Hash=folded
+// keys the same string every call (a constant: the key cache's hit), Hash=folded-uncached a copy
+// at a new address every call (a text built per call: folded every time).
 func BenchmarkKey(b *testing.B) {
 	texts := map[string]string{
 		"Len=40/Literals=0":  "select name from users where id = $1",
@@ -106,6 +109,20 @@ func BenchmarkKey(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				keySink ^= uint64(tab.Key(s))
+			}
+		})
+		// The same text at a new address every call, as a text built per call is: never
+		// cached, folded every time.
+		copies := make([]string, 4096)
+		for i := range copies {
+			copies[i] = strings.Clone(s)
+		}
+		b.Run(name+"/Hash=folded-uncached", func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				keySink ^= uint64(tab.Key(copies[i%len(copies)]))
+				i++
 			}
 		})
 	}

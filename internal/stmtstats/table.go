@@ -127,6 +127,7 @@ type Table struct {
 	tick      int64  // nanoseconds per tick of an entry's at field; 0: no MinPeriod
 	window    int64  // nanoseconds, max(Threshold, 1s): the relative rule looks at the runs of the last one or two
 	onChange  func(Key, Change, string)
+	keys      keyCache
 	epoch     time.Time // ticks and windows count from here (monotonic)
 
 	demotions  atomic.Uint64
@@ -199,13 +200,15 @@ func (t *Table) Threshold() time.Duration {
 }
 
 // Key returns the key of the statement with the given SQL text: a hash of the text with its
-// literals, comments and redundant whitespace folded (see Fold). It does not allocate and does
-// not retain the text.
+// literals, comments and redundant whitespace folded (see Fold). A text seen before at the same
+// address (a constant, or a string the caller keeps) is not folded again: the Table caches the
+// keys of up to 1,024 texts of up to 1 KiB by identity, and retains those texts (keycache.go).
+// It allocates only when it caches a text, at the second call with that string.
 func (t *Table) Key(sql string) Key {
 	if t == nil {
 		return 0
 	}
-	return Key(foldHash(t.seed, sql))
+	return t.keys.key(t.seed, sql)
 }
 
 // Classify returns what the Table knows of the statement, and marks its entry recently used.
