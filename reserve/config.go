@@ -33,6 +33,12 @@ type LaneConfig struct {
 	// (LaneStat.TagShareRefusals, Slot.HeldBack), never applied.
 	MaxTagShare    int
 	TagShareDryRun bool
+	// PriorityHeadroom keeps the lane's last slots for callers of priority 0 or more: a caller
+	// of negative priority (background work) is granted a slot only while the lane could take
+	// more than PriorityHeadroom slots after it, so that work of a higher priority arriving
+	// under a saturating background load finds a slot at once instead of waiting for a release.
+	// It needs PriorityAge, and is less than the lane's cap (Reachable). 0 means none.
+	PriorityHeadroom int
 }
 
 // Config configures a Pool.
@@ -68,7 +74,7 @@ func (c Config) Reachable(i int) int {
 }
 
 // ConfigError is the error returned by Validate and New. Field is one of Size, Name, Reserved,
-// MaxConns, MaxWaiters, AcquireTimeout, PriorityAge and MaxTagShare; Lane is the lane's name, or "" for Size and for a
+// MaxConns, MaxWaiters, AcquireTimeout, PriorityAge, MaxTagShare and PriorityHeadroom; Lane is the lane's name, or "" for Size and for a
 // lane without a name. Reason completes a sentence that starts with the field's name, as
 // Error shows.
 type ConfigError struct {
@@ -88,7 +94,9 @@ func (e *ConfigError) Error() string {
 //
 //   - Size is at least 1 and at most math.MaxInt32; there is at least one lane;
 //   - every lane has a unique, non-empty Name;
-//   - no number or duration is negative (PriorityAge and MaxTagShare included);
+//   - no number or duration is negative (PriorityAge, MaxTagShare and PriorityHeadroom
+//     included);
+//   - PriorityHeadroom needs PriorityAge and is less than what the lane can reach;
 //   - a lane's MaxConns, when set, is at most Size and at least its Reserved;
 //   - the reserves sum to at most Size;
 //   - an unbounded lane's MaxConns, when set, is at most what it can reach (Reachable), and the
@@ -128,6 +136,10 @@ func Validate(c Config) error {
 			return bad(l.Name, "PriorityAge", "%v is negative", l.PriorityAge)
 		case l.MaxTagShare < 0:
 			return bad(l.Name, "MaxTagShare", "%d is negative", l.MaxTagShare)
+		case l.PriorityHeadroom < 0:
+			return bad(l.Name, "PriorityHeadroom", "%d is negative", l.PriorityHeadroom)
+		case l.PriorityHeadroom > 0 && l.PriorityAge == 0:
+			return bad(l.Name, "PriorityHeadroom", "needs PriorityAge: without it the lane is FIFO and ignores priorities")
 		case l.MaxConns > c.Size:
 			return bad(l.Name, "MaxConns", "%d exceeds Size %d", l.MaxConns, c.Size)
 		case l.MaxConns > 0 && l.Reserved > l.MaxConns:
@@ -141,6 +153,9 @@ func Validate(c Config) error {
 	}
 	shared := c.Size - reserved
 	for i, l := range c.Lanes {
+		if reach := c.Reachable(i); l.PriorityHeadroom > 0 && l.PriorityHeadroom >= reach {
+			return bad(l.Name, "PriorityHeadroom", "%d leaves callers of negative priority none of the lane's %d slots", l.PriorityHeadroom, reach)
+		}
 		if l.Bounded {
 			continue
 		}

@@ -147,26 +147,26 @@ func (l *lane) firstLocked(now *time.Time) (w *waiter, aged bool) {
 	return top, false
 }
 
-// firstUnblockedLocked returns the first waiter in the service order whose tag is below the
-// share, or nil if there is none, and whether ageing chose it. It scans past the waiters of tags
-// at their share. Caller must hold p.mu.
-func (l *lane) firstUnblockedLocked(now *time.Time) (*waiter, bool) {
+// firstMatchLocked returns the first waiter in the service order for which ok holds, or nil if
+// there is none, and whether ageing chose it. It scans past the waiters that fail ok: those of
+// tags at their share, or of negative priority held off the headroom. Caller must hold p.mu.
+func (l *lane) firstMatchLocked(now *time.Time, ok func(*waiter) bool) (*waiter, bool) {
 	if !l.ordered() {
 		for w := l.waitHead; w != nil; w = w.next {
-			if !l.blockedLocked(w) {
+			if ok(w) {
 				return w, false
 			}
 		}
 		return nil, false
 	}
 	for w := l.waitHead; w != nil && l.agedLocked(w, now); w = w.next {
-		if !l.blockedLocked(w) {
+		if ok(w) {
 			return w, w.prio < l.classes[0].prio
 		}
 	}
 	for i := range l.classes {
 		for w := l.classes[i].head; w != nil; w = w.cnext {
-			if !l.blockedLocked(w) {
+			if ok(w) {
 				return w, false
 			}
 		}
@@ -174,13 +174,49 @@ func (l *lane) firstUnblockedLocked(now *time.Time) (*waiter, bool) {
 	return nil, false
 }
 
-// pickLocked chooses the waiter of lane l that the next slot goes to, applying the tag share,
-// and counts the lane's aged grants and share pass-overs. Caller must hold p.mu; the lane has
-// waiters.
-func (l *lane) pickLocked(now *time.Time) *waiter {
+// roomLocked returns how many more slots lane i may take now: the admission rule (mayTakeLocked)
+// counted instead of tested. Caller must hold p.mu.
+func (p *Pool) roomLocked(i int) int {
+	l := &p.lanes[i]
+	n := min(p.free, l.cap-l.held)
+	if !l.cfg.Bounded {
+		n = min(n, max(l.cfg.Reserved-l.held, 0)+p.shared-p.sharedInUse)
+	}
+	return max(n, 0)
+}
+
+// headroomLocked reports whether lane i is down to its PriorityHeadroom: what it may still take
+// is for callers of priority 0 or more, and for aged waiters. Caller must hold p.mu.
+func (p *Pool) headroomLocked(i int) bool {
+	h := p.lanes[i].cfg.PriorityHeadroom
+	return h > 0 && p.roomLocked(i) <= h
+}
+
+// heldOffLocked reports whether lane i's waiters may not take what the lane may take: they are
+// all of negative priority, none of them aged, and the lane is down to its headroom. Caller must
+// hold p.mu; the lane has waiters.
+func (p *Pool) heldOffLocked(i int, now *time.Time) bool {
+	l := &p.lanes[i]
+	return l.cfg.PriorityHeadroom > 0 && l.classes[0].prio < 0 && !l.agedLocked(l.waitHead, now) && p.headroomLocked(i)
+}
+
+// pickLocked chooses the waiter of lane l that the next slot goes to, applying the headroom
+// (lowOK false: only a waiter of priority 0 or more, or an aged one, may take it) and the tag
+// share, and counts the lane's aged grants and share pass-overs. Caller must hold p.mu; the lane
+// has a waiter that may take the slot.
+func (l *lane) pickLocked(now *time.Time, lowOK bool) *waiter {
+	mayTake := func(x *waiter) bool { return lowOK || x.prio >= 0 || l.agedLocked(x, now) }
 	w, aged := l.firstLocked(now)
+	if !mayTake(w) {
+		w, aged = l.firstMatchLocked(now, mayTake)
+	}
+	if !lowOK && w.prio < 0 {
+		aged = true // only its age lets it take the headroom
+	}
 	if l.shares() && l.blockedLocked(w) {
-		if other, otherAged := l.firstUnblockedLocked(now); other != nil {
+		if other, otherAged := l.firstMatchLocked(now, func(x *waiter) bool {
+			return !l.blockedLocked(x) && mayTake(x)
+		}); other != nil {
 			l.shareRefusals++
 			w.heldBack = true
 			if !l.cfg.TagShareDryRun {

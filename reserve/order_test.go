@@ -272,6 +272,63 @@ type modelWaiter struct {
 	tag   string
 }
 
+// TestHeadroom: low-priority callers fill a lane but its headroom; a caller of priority 0 or more
+// then gets the last slot at once, ahead of the low waiters. A low waiter that has aged takes the
+// headroom at the next grant.
+func TestHeadroom(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const age = 100 * time.Millisecond
+		p := oneLane(t, 4, func(lc *LaneConfig) { lc.PriorityAge, lc.PriorityHeadroom = age, 1 })
+		ctx := context.Background()
+		low := Caller{Priority: -10}
+		var lows []Slot
+		for range 3 {
+			s, err := p.AcquireAs(ctx, 0, low)
+			require.NoError(t, err)
+			lows = append(lows, s)
+		}
+		tr, ok := p.TryAcquireAs(0, "")
+		require.True(t, ok, "TryAcquire at priority 0 takes the headroom")
+		p.Release(tr)
+		p.Release(lows[2]) // back to 2 low, 2 free
+
+		got := make(chan granted, 4)
+		queue(t, p, low, "low1", got) // takes the third slot: room 2 > 1
+		g := <-got
+		require.Equal(t, "low1", g.name)
+		queue(t, p, low, "low2", got) // room 1: held off
+		queue(t, p, low, "low3", got)
+		require.Empty(t, got)
+		st := p.LaneStat(0)
+		require.Equal(t, 3, st.InUse)
+		require.Equal(t, 2, st.Waiting)
+
+		start := time.Now()
+		high, err := p.AcquireAs(ctx, 0, Caller{Priority: 10})
+		require.NoError(t, err)
+		assert.Zero(t, time.Since(start), "the high-priority caller waited")
+		assert.False(t, high.Waited(), "the high-priority caller's slot says it waited")
+		p.Release(high)
+		synctest.Wait()
+		require.Empty(t, got, "a low waiter took the headroom before it aged")
+
+		time.Sleep(age)               // low2 and low3 age
+		queue(t, p, low, "low4", got) // an arrival: the next grant
+		g2 := <-got
+		require.Equal(t, "low2", g2.name, "the aged low waiter takes the headroom")
+		assert.True(t, g2.s.Aged())
+		require.Equal(t, 4, p.LaneStat(0).InUse)
+
+		for _, s := range []Slot{lows[0], lows[1], g.s, g2.s} {
+			p.Release(s)
+		}
+		for range 2 {
+			p.Release((<-got).s)
+		}
+		requireInvariants(t, p)
+	})
+}
+
 // TestOrderModel drives one lane with random acquires, releases, cancels and the passing of
 // time, and checks every grant against a model of the service order written from its
 // definition: aged waiters in arrival order, then by priority and arrival; the first of them
@@ -282,28 +339,33 @@ func TestOrderModel(t *testing.T) {
 		steps = 300
 	}
 	for _, cfg := range []struct {
-		name  string
-		age   time.Duration
-		share int
-		dry   bool
+		name     string
+		age      time.Duration
+		share    int
+		dry      bool
+		headroom int
 	}{
-		{"fifo", 0, 0, false},
-		{"priority", 10 * time.Millisecond, 0, false},
-		{"share", 0, 2, false},
-		{"priority+share", 10 * time.Millisecond, 2, false},
-		{"priority+share dry run", 10 * time.Millisecond, 2, true},
+		{"fifo", 0, 0, false, 0},
+		{"priority", 10 * time.Millisecond, 0, false, 0},
+		{"share", 0, 2, false, 0},
+		{"priority+share", 10 * time.Millisecond, 2, false, 0},
+		{"priority+share dry run", 10 * time.Millisecond, 2, true, 0},
+		{"priority+headroom", 10 * time.Millisecond, 0, false, 2},
+		{"priority+share+headroom", 10 * time.Millisecond, 2, false, 1},
 	} {
 		t.Run(cfg.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				const size = 5
 				p := oneLane(t, size, func(lc *LaneConfig) {
 					lc.Bounded, lc.PriorityAge, lc.MaxTagShare, lc.TagShareDryRun = false, cfg.age, cfg.share, cfg.dry
+					lc.PriorityHeadroom = cfg.headroom
 				})
 				rng := rand.New(rand.NewPCG(1, uint64(len(cfg.name))))
 				tags := []string{"", "a", "b"}
 				held := map[Slot]string{}
 				var waiting []modelWaiter
 				var seq uint64
+				heldOff := 0
 				heldBy := func(tag string) int {
 					n := 0
 					for _, tg := range held {
@@ -313,10 +375,21 @@ func TestOrderModel(t *testing.T) {
 					}
 					return n
 				}
-				want := func() int { // index in waiting of the waiter the model serves next
+				// lowOK: a caller of negative priority may take a slot: the lane keeps more than the
+				// headroom free after it (one lane of size slots, so what it may take is what is free).
+				lowOK := func() bool { return size-len(held) > cfg.headroom }
+				// want returns the index in waiting of the waiter the model serves next, or -1 if no
+				// waiter may take a slot: one of negative priority, not aged, may not take the
+				// headroom.
+				want := func() int {
 					now := time.Now()
-					order := slices.Clone(waiting)
 					aged := func(m modelWaiter) bool { return cfg.age == 0 || now.Sub(m.since) >= cfg.age }
+					order := slices.DeleteFunc(slices.Clone(waiting), func(m modelWaiter) bool {
+						return m.prio < 0 && !lowOK() && !aged(m)
+					})
+					if len(order) == 0 {
+						return -1
+					}
 					slices.SortStableFunc(order, func(x, y modelWaiter) int {
 						switch ax, ay := aged(x), aged(y); {
 						case ax && ay, cfg.age == 0:
@@ -341,49 +414,80 @@ func TestOrderModel(t *testing.T) {
 					}
 					return slices.IndexFunc(waiting, func(m modelWaiter) bool { return m.seq == pick.seq })
 				}
+				// serve checks the grants the pool made after an event against the model's: while
+				// a slot is free, the waiter the model serves next has it (skip: the new caller,
+				// whose slot admitLocked returned and the test already counted). More than one
+				// waiter is served when waiters of negative priority aged while held off.
+				serve := func(skip uint64) {
+					for len(held) < size {
+						i := want()
+						if i < 0 {
+							break
+						}
+						m := waiting[i]
+						waiting = slices.Delete(waiting, i, i+1)
+						if m.seq == skip {
+							continue
+						}
+						select {
+						case g := <-m.ready:
+							held[g] = m.tag
+						default:
+							require.Fail(t, "the slot went to another waiter than the model's", "model: seq %d prio %d tag %q", m.seq, m.prio, m.tag)
+						}
+					}
+					for _, o := range waiting {
+						require.Empty(t, o.ready, "a waiter the model does not serve was granted")
+					}
+				}
 				for range steps {
 					switch op := rng.IntN(10); {
 					case op < 4: // a caller arrives
 						c := Caller{Priority: []int{-10, 0, 10, 20}[rng.IntN(4)], Tag: tags[rng.IntN(3)]}
+						if c.Priority < 0 && len(held) < size && !lowOK() {
+							heldOff++
+						}
+						// The model: with nobody waiting, a slot at once if one is free that the
+						// caller may take. Otherwise the caller queues, and if a slot is free (the
+						// waiters were held off the headroom) it goes to whoever the order serves
+						// first now: the caller, or a waiter that has aged since.
 						p.mu.Lock()
-						if p.lanes[0].waitHead == nil && p.mayTakeLocked(0) {
-							s := p.takeLocked(0)
-							if p.lanes[0].tags != nil {
-								p.tagLocked(s, c.Tag)
+						s, w, err := p.admitLocked(0, c)
+						p.mu.Unlock()
+						require.NoError(t, err)
+						if len(waiting) == 0 {
+							now := len(held) < size && (c.Priority >= 0 || lowOK())
+							require.Equal(t, now, w == nil, "granted at once (model: %v), prio %d, %d held", now, c.Priority, len(held))
+							if w == nil {
+								held[s] = c.Tag
+							} else {
+								seq++
+								waiting = append(waiting, modelWaiter{w, w.ready, seq, w.since, c.Priority, c.Tag})
 							}
-							held[s] = c.Tag
-							p.mu.Unlock()
 							continue
 						}
-						w := p.enqueueLocked(0, c)
 						seq++
-						waiting = append(waiting, modelWaiter{w, w.ready, seq, w.since, c.Priority, c.Tag})
-						p.mu.Unlock()
+						me := modelWaiter{w, nil, seq, time.Now(), c.Priority, c.Tag}
+						if w != nil {
+							me.ready, me.since = w.ready, w.since
+						}
+						waiting = append(waiting, me)
+						if len(held) < size && want() >= 0 && waiting[want()].seq == me.seq {
+							require.Nil(t, w, "the model serves the new caller at once")
+							held[s] = c.Tag
+							waiting = waiting[:len(waiting)-1]
+							continue
+						}
+						require.NotNil(t, w, "granted at once; the model serves another first")
+						serve(0)
 					case op < 7 && len(held) > 0: // a holder releases
 						var s Slot
 						for s = range held {
 							break
 						}
 						delete(held, s) // the model serves after the release
-						i := -1
-						if len(waiting) > 0 {
-							i = want()
-						}
 						p.Release(s)
-						if i < 0 {
-							continue
-						}
-						m := waiting[i]
-						select {
-						case g := <-m.ready:
-							held[g] = m.tag
-							waiting = slices.Delete(waiting, i, i+1)
-						default:
-							require.Fail(t, "the slot went to another waiter than the model's", "model: seq %d prio %d tag %q", m.seq, m.prio, m.tag)
-						}
-						for _, o := range waiting {
-							require.Empty(t, o.ready, "a second waiter was granted")
-						}
+						serve(0)
 					case op < 8 && len(waiting) > 0: // a waiter gives up
 						i := rng.IntN(len(waiting))
 						m := waiting[i]
@@ -401,6 +505,9 @@ func TestOrderModel(t *testing.T) {
 				}
 				if cfg.share > 0 {
 					assert.Positive(t, st.TagShareRefusals)
+				}
+				if cfg.headroom > 0 {
+					assert.Positive(t, heldOff, "the headroom never held a caller off")
 				}
 			})
 		})

@@ -73,10 +73,13 @@
 // equals, except that a waiter that has waited PriorityAge is served before every waiter that
 // arrived after it: ageing bounds every wait (order.go; docs/design.md proves the bound). A lane
 // with a MaxTagShare passes over a waiter whose tag holds that many slots for one of another tag.
-// None of this decides whether a lane may take a slot, only which of its waiters does: no
-// priority or tag takes a lane past its cap or into another lane's reserve. The pool is
-// work-conserving: a slot is never left free while a waiter that may take it waits. A new caller
-// never overtakes a waiter of its own lane, whatever its priority.
+// A lane with a PriorityHeadroom h grants a caller of negative priority a slot only while it may
+// take more than h slots: its last h slots stay for work of priority 0 or more, which then finds
+// one at once under a saturating background load. None of this decides whether a lane may take a
+// slot, only which of its callers does: no priority or tag takes a lane past its cap or into
+// another lane's reserve. The pool is work-conserving: a slot is never left free while a waiter
+// that may take it waits. A new caller never overtakes a waiter of its own lane, whatever its
+// priority, but one of negative priority that the headroom holds off.
 //
 // # Releasing
 //
@@ -131,7 +134,8 @@ const (
 // Waited reports whether the acquire that returned s had to queue.
 func (s Slot) Waited() bool { return s.flags&slotWaited != 0 }
 
-// Aged reports whether s went to its waiter by ageing, ahead of a waiter of higher priority.
+// Aged reports whether s went to its waiter by ageing: ahead of a waiter of higher priority, or
+// into the lane's PriorityHeadroom.
 func (s Slot) Aged() bool { return s.flags&slotAged != 0 }
 
 // HeldBack reports whether the waiter that got s was passed over at least once because its tag
@@ -229,9 +233,9 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 // (ErrLaneFull), or when the pool is closed (ErrClosed). Every error is an *AcquireError.
 // A caller whose ctx is already done never gets a slot. A cancelled or timed-out caller leaves the
 // queue at once; if it was granted a slot at the same instant, the slot is given back.
-// c's priority and tag decide only its place among the lane's waiters (see order.go): never
-// whether the lane may take a slot, so no priority takes a lane past its cap or into another
-// lane's reserve.
+// c's priority and tag decide its place among the lane's waiters (see order.go), and whether it
+// may take the lane's PriorityHeadroom (not with a negative priority); never whether the lane
+// may take a slot, so no priority takes a lane past its cap or into another lane's reserve.
 func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
 	done := ctx.Done()
 	p.mu.Lock()
@@ -242,28 +246,13 @@ func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
 		return Slot{}, err
 	default:
 	}
-	l := &p.lanes[i]
-	if p.closed {
-		err := p.errorLocked(i, 0, ErrClosed)
+	s, w, err := p.admitLocked(i, c)
+	if w == nil {
 		p.mu.Unlock()
-		return Slot{}, err
+		return s, err
 	}
-	if l.waitHead == nil && p.mayTakeLocked(i) {
-		s := p.takeLocked(i)
-		if l.tags != nil {
-			p.tagLocked(s, c.Tag)
-		}
-		p.mu.Unlock()
-		return s, nil
-	}
-	if l.cfg.MaxWaiters > 0 && l.waiting >= l.cfg.MaxWaiters {
-		err := p.errorLocked(i, 0, ErrLaneFull)
-		p.mu.Unlock()
-		return Slot{}, err
-	}
-	w := p.enqueueLocked(i, c)
 	ready, since := w.ready, w.since
-	timeout := l.cfg.AcquireTimeout
+	timeout := p.lanes[i].cfg.AcquireTimeout
 	p.mu.Unlock()
 
 	var expired <-chan time.Time
@@ -287,19 +276,56 @@ func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
 	}
 }
 
+// admitLocked admits caller c to lane i: a slot if it may take one now, else its queue node (w
+// not nil), else the error (closed, queue full). Caller must hold p.mu.
+func (p *Pool) admitLocked(i int, c Caller) (s Slot, w *waiter, err error) {
+	l := &p.lanes[i]
+	if p.closed {
+		return Slot{}, nil, p.errorLocked(i, 0, ErrClosed)
+	}
+	if l.waitHead == nil && p.mayTakeLocked(i) && (c.Priority >= 0 || !p.headroomLocked(i)) {
+		s := p.takeLocked(i)
+		if l.tags != nil {
+			p.tagLocked(s, c.Tag)
+		}
+		return s, nil, nil
+	}
+	if l.cfg.MaxWaiters > 0 && l.waiting >= l.cfg.MaxWaiters {
+		return Slot{}, nil, p.errorLocked(i, 0, ErrLaneFull)
+	}
+	w = p.enqueueLocked(i, c)
+	if l.cfg.PriorityHeadroom > 0 && p.mayTakeLocked(i) {
+		// The lane had waiters and a slot it may take: they were held off the headroom (nothing
+		// else leaves a slot free while a waiter waits). The new caller may take it if its
+		// priority is 0 or more, or one of them may have aged since: the order decides.
+		ready := w.ready
+		p.grantLocked()
+		select {
+		case s := <-ready:
+			s.flags &^= slotWaited // it did not wait
+			return s, nil, nil
+		default:
+		}
+	}
+	return Slot{}, w, nil
+}
+
 // TryAcquire takes a slot for lane i, untagged, if it can do so without waiting.
 func (p *Pool) TryAcquire(i int) (Slot, bool) { return p.TryAcquireAs(i, "") }
 
-// TryAcquireAs takes a slot for lane i, for tag, if it can do so without waiting: never ahead of
-// a waiter, whatever the priority.
+// TryAcquireAs takes a slot for lane i, for tag, at priority 0, if it can do so without waiting:
+// never ahead of a waiter, but of waiters of negative priority held off the lane's
+// PriorityHeadroom.
 func (p *Pool) TryAcquireAs(i int, tag string) (Slot, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || p.lanes[i].waitHead != nil || !p.mayTakeLocked(i) {
+	l := &p.lanes[i]
+	var now time.Time
+	if p.closed || !p.mayTakeLocked(i) || l.waitHead != nil && !p.heldOffLocked(i, &now) {
 		return Slot{}, false
 	}
 	s := p.takeLocked(i)
-	if p.lanes[i].tags != nil {
+	if l.tags != nil {
 		p.tagLocked(s, tag)
 	}
 	return s, true
@@ -432,7 +458,7 @@ func (p *Pool) grantLocked() {
 		var bestBelow bool
 		for i := range p.lanes {
 			l := &p.lanes[i]
-			if l.waitHead == nil || !p.mayTakeLocked(i) {
+			if l.waitHead == nil || !p.mayTakeLocked(i) || p.heldOffLocked(i, &now) {
 				continue
 			}
 			below := l.held < l.cfg.Reserved
@@ -446,7 +472,7 @@ func (p *Pool) grantLocked() {
 		l := &p.lanes[best]
 		w := l.waitHead
 		if l.ordered() || l.shares() {
-			w = l.pickLocked(&now)
+			w = l.pickLocked(&now, l.cfg.PriorityHeadroom == 0 || !p.headroomLocked(best))
 		}
 		p.unlinkLocked(w)
 		s := p.takeLocked(best)

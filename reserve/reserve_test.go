@@ -185,6 +185,12 @@ func TestValidate(t *testing.T) {
 			"a", "PriorityAge", `reserve: lane "a": PriorityAge -1s is negative`},
 		{"negative tag share", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", MaxTagShare: -1})},
 			"a", "MaxTagShare", `reserve: lane "a": MaxTagShare -1 is negative`},
+		{"negative headroom", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", PriorityAge: time.Second, PriorityHeadroom: -1})},
+			"a", "PriorityHeadroom", `reserve: lane "a": PriorityHeadroom -1 is negative`},
+		{"headroom without priorities", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", PriorityHeadroom: 1})},
+			"a", "PriorityHeadroom", `reserve: lane "a": PriorityHeadroom needs PriorityAge: without it the lane is FIFO and ignores priorities`},
+		{"headroom of the whole lane", Config{Size: 4, Lanes: lanes(LaneConfig{Name: "a", MaxConns: 2, PriorityAge: time.Second, PriorityHeadroom: 2, Bounded: true})},
+			"a", "PriorityHeadroom", `reserve: lane "a": PriorityHeadroom 2 leaves callers of negative priority none of the lane's 2 slots`},
 		{"cap above size", Config{Size: 2, Lanes: lanes(LaneConfig{Name: "a", MaxConns: 3, Bounded: true})},
 			"a", "MaxConns", `reserve: lane "a": MaxConns 3 exceeds Size 2`},
 		{"reserve above cap", Config{Size: 4, Lanes: lanes(LaneConfig{Name: "a", Reserved: 3, MaxConns: 2})},
@@ -513,7 +519,7 @@ func TestHugeSizeAllocatesLittle(t *testing.T) {
 
 // TestStress runs random acquires, releases, cancels and timeouts across lanes, by callers of
 // random priorities and tags, and checks the invariants after every step. Short and tx order
-// by priority with ageing, tx has a tag share, long is FIFO. PGXLANES_STRESS sets its length (a Go duration, default 3s; 300ms
+// by priority with ageing and keep a headroom of one slot, tx has a tag share, long is FIFO. PGXLANES_STRESS sets its length (a Go duration, default 3s; 300ms
 // with -short).
 func TestStress(t *testing.T) {
 	defer goleak.VerifyNone(t)
@@ -532,6 +538,8 @@ func TestStress(t *testing.T) {
 	cfg.Lanes[short].PriorityAge = time.Millisecond
 	cfg.Lanes[tx].PriorityAge = 2 * time.Millisecond
 	cfg.Lanes[tx].MaxTagShare = 2
+	cfg.Lanes[short].PriorityHeadroom = 1
+	cfg.Lanes[tx].PriorityHeadroom = 1
 	p, err := New(cfg)
 	require.NoError(t, err)
 	var holding [3]atomic.Int64

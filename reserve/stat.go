@@ -18,7 +18,8 @@ type LaneStat struct {
 	// Waiting is the number of queued callers; OldestWait is how long the first of them has waited.
 	Waiting    int
 	OldestWait time.Duration
-	// AgedGrants counts the slots granted by ageing ahead of a waiter of higher priority;
+	// AgedGrants counts the slots granted by ageing ahead of a waiter of higher priority (or into
+	// the PriorityHeadroom);
 	// TagShareRefusals the grants that passed over a waiter whose tag held the lane's tag share
 	// (in dry run: that would have). Both count from New.
 	AgedGrants       int64
