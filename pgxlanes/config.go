@@ -34,6 +34,7 @@ const Off = -1
 //	slow_threshold     1s (learning)      -                -
 //	fleet_max_conns    -                  -                off
 //	priority_age       acquire_timeout/2 (500ms, 5s, 15s)
+//	priority_headroom  1                  1                0
 //	max_tag_share      -                  off              -
 //	fleet_name         -                  -                <database>/<user>[/<application_name>]
 //
@@ -103,6 +104,15 @@ type LaneConfig struct {
 	// than that, a low-priority caller moved to the front by ageing has the other half of its
 	// timeout to be served. Off: the lane is strictly FIFO and priorities are ignored.
 	PriorityAge time.Duration
+	// PriorityHeadroom is how many of the lane's last connections callers of negative priority
+	// (PriorityLow) may not take until they have waited PriorityAge (lane_<lane>_priority_headroom):
+	// a low-priority caller gets a connection only while the lane could take more than this many
+	// after it, so that a caller of priority 0 or more arriving under a saturating background
+	// load finds one at once instead of waiting for a release. It never holds back work of
+	// priority 0 or more, so it costs nothing to a pool that marks no work low. Default 1 in
+	// Short and Tx (when the lane's cap is at least 2 and it orders by priority), none in Long.
+	// Off: none.
+	PriorityHeadroom int
 	// MaxTagShare is Tx's alone (lane_tx_max_tag_share): the fraction of Tx's cap (above 0, at
 	// most 1) that the callers of one tag (WithTag; untagged callers count as one tag) may hold
 	// while callers of another tag wait. A freed connection then goes to the first waiter of a
@@ -198,7 +208,8 @@ func (c *Config) Copy() *Config {
 //
 //   - lane_<short|tx|long>_<setting>, the LaneConfig fields: reserved, max_conns, max_waiters,
 //     acquire_timeout, statement_timeout, lock_timeout, budget, over_budget, slow_threshold,
-//     fleet_max_conns, fleet_name, priority_age, max_tag_share (a fraction), tag_share_dry_run
+//     fleet_max_conns, fleet_name, priority_age, priority_headroom, max_tag_share (a fraction),
+//     tag_share_dry_run
 //     (true or false). Durations need a unit ("250ms", "1s"); 0 means off.
 //   - pgxlanes_transaction_pooler and pgxlanes_cancel_requests (true or false).
 //
@@ -410,6 +421,7 @@ var laneSettings = []struct {
 	{name: "slow_threshold", field: "SlowThreshold", d: func(l *LaneConfig) *time.Duration { return &l.SlowThreshold }},
 	{name: "fleet_max_conns", field: "FleetMaxConns", i: func(l *LaneConfig) *int { return &l.FleetMaxConns }},
 	{name: "priority_age", field: "PriorityAge", d: func(l *LaneConfig) *time.Duration { return &l.PriorityAge }},
+	{name: "priority_headroom", field: "PriorityHeadroom", i: func(l *LaneConfig) *int { return &l.PriorityHeadroom }},
 	{name: "max_tag_share", field: "MaxTagShare", set: setShareParam},
 	{name: "tag_share_dry_run", field: "TagShareDryRun", set: setShareParam},
 	{name: "fleet_name", field: "FleetName", s: func(l *LaneConfig) *string { return &l.FleetName }},

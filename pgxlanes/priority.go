@@ -75,13 +75,21 @@ var priorityAgeDefaults = [numLanes]time.Duration{Short: 500 * time.Millisecond,
 // 100ms). Half leaves a caller moved to the front by ageing the other half of its timeout for
 // the callers that came before it (docs/design.md, "Priorities and ageing"). A fixed default
 // per lane without an acquire timeout.
+//
+// It also fills in PriorityHeadroom: by default one connection in Short and Tx, when the lane
+// orders by priority and its cap is at least 2 (docs/design.md, "The headroom").
 func (lc *LaneConfig) resolvePriority(l Lane) {
-	if lc.PriorityAge != 0 {
-		return
+	if lc.PriorityAge == 0 {
+		lc.PriorityAge = priorityAgeDefaults[l]
+		if lc.AcquireTimeout > 0 {
+			lc.PriorityAge = lc.AcquireTimeout / 2
+		}
 	}
-	lc.PriorityAge = priorityAgeDefaults[l]
-	if lc.AcquireTimeout > 0 {
-		lc.PriorityAge = lc.AcquireTimeout / 2
+	if lc.PriorityHeadroom == 0 {
+		lc.PriorityHeadroom = Off
+		if l != Long && lc.PriorityAge > 0 && lc.MaxConns >= 2 {
+			lc.PriorityHeadroom = 1
+		}
 	}
 }
 

@@ -112,14 +112,6 @@ func (c *Config) resolve() (*Config, error) {
 			lc.MaxWaiters = 32 * max(lc.MaxConns, 1)
 		}
 	}
-	if err := reserve.Validate(r.reserveConfig(primary, n)); err != nil {
-		return nil, fromReserveConfig(err)
-	}
-	for _, l := range remote {
-		if err := reserve.Validate(r.reserveConfig([]Lane{l}, r.Lane(l).MaxConns)); err != nil {
-			return nil, fromReserveConfig(err)
-		}
-	}
 
 	// Timeouts and budgets.
 	for _, l := range Lanes() {
@@ -148,6 +140,14 @@ func (c *Config) resolve() (*Config, error) {
 			lc.FleetMaxConns = Off
 		}
 		lc.resolvePriority(l)
+	}
+	if err := reserve.Validate(r.reserveConfig(primary, n)); err != nil {
+		return nil, fromReserveConfig(err)
+	}
+	for _, l := range remote {
+		if err := reserve.Validate(r.reserveConfig([]Lane{l}, r.Lane(l).MaxConns)); err != nil {
+			return nil, fromReserveConfig(err)
+		}
 	}
 	if r.Long.Server != nil && r.Short.SlowThreshold > 0 {
 		if c.Short.SlowThreshold > 0 {
@@ -179,6 +179,7 @@ func (lc *LaneConfig) check(l Lane, pooler bool) error {
 		{"AcquireTimeout", int64(lc.AcquireTimeout)}, {"StatementTimeout", int64(lc.StatementTimeout)},
 		{"LockTimeout", int64(lc.LockTimeout)}, {"Budget", int64(lc.Budget)},
 		{"SlowThreshold", int64(lc.SlowThreshold)}, {"FleetMaxConns", int64(lc.FleetMaxConns)},
+		{"PriorityHeadroom", int64(lc.PriorityHeadroom)},
 	} {
 		if f.v < 0 && f.v != Off {
 			return bad(f.field, "must be positive, zero for the default, or Off; got %d", f.v)
@@ -233,7 +234,8 @@ func (r *Config) reserveConfig(lanes []Lane, n int) reserve.Config {
 		lc := r.Lane(l)
 		rc.Lanes = append(rc.Lanes, reserve.LaneConfig{Name: l.String(), Reserved: lc.Reserved, MaxConns: lc.MaxConns,
 			MaxWaiters: on(lc.MaxWaiters), Bounded: l == Short, AcquireTimeout: on(lc.AcquireTimeout),
-			PriorityAge: on(lc.PriorityAge), MaxTagShare: lc.tagShareSlots(), TagShareDryRun: lc.TagShareDryRun})
+			PriorityAge: on(lc.PriorityAge), MaxTagShare: lc.tagShareSlots(), TagShareDryRun: lc.TagShareDryRun,
+			PriorityHeadroom: on(lc.PriorityHeadroom)})
 	}
 	return rc
 }
