@@ -41,6 +41,7 @@ type verdict struct {
 	Passed, Failed, Skipped int
 	Allowed                 []string // allowlisted failures, "TestName: reason"
 	Flaky                   []string // tests that failed once and passed on the retry
+	ControlOnly             []string // tests that failed on plain pgxpool twice and passed on pgxlanes
 	Problems                []string // what makes the stage fail, one line each
 }
 
@@ -75,11 +76,23 @@ func judge(names []string, lanes, control []attempts, allow allowlist) verdict {
 			v.Problems = append(v.Problems, fmt.Sprintf("%s fails against pgxlanes (%s) and is not allowlisted", r.Test, r.Cause))
 		}
 	}
+	lanesFailed := map[string]bool{}
+	for _, a := range lanes {
+		if r := a.last(); r.Outcome == failed {
+			lanesFailed[r.Test] = true
+		}
+	}
 	for _, a := range control {
 		r := a.last()
 		switch {
-		case r.Outcome == failed:
+		case r.Outcome == failed && lanesFailed[r.Test]:
 			v.Problems = append(v.Problems, fmt.Sprintf("%s fails against plain pgxpool too (%s): the environment is broken, not pgxlanes", r.Test, r.Cause))
+		case r.Outcome == failed:
+			// pgx's own test failed twice on pgx's own pool and passed on pgxlanes: nothing
+			// pgxlanes does less than pgxpool (pgx's timing-sensitive tests, such as stdlib's
+			// TestBeginTxContextCancel, do this on a loaded machine). Logged, not a failure: the
+			// stage checks pgxlanes against the suite.
+			v.ControlOnly = append(v.ControlOnly, r.Test+" (pgxpool: "+r.Cause+" twice; pgxlanes passed)")
 		case len(a) > 1:
 			v.Flaky = append(v.Flaky, r.Test+" (pgxpool: "+a[0].Cause+", then passed)")
 		}

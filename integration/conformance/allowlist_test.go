@@ -42,15 +42,16 @@ func TestJudge(t *testing.T) {
 	}
 	names := []string{"TestA", "TestB", "TestC", "TestD"}
 	tests := []struct {
-		name     string
-		lanes    []attempts
-		control  []attempts
-		allow    allowlist
-		passed   int
-		failed   int
-		allowed  []string
-		flaky    int
-		problems []string // substrings, one per problem, in order
+		name        string
+		lanes       []attempts
+		control     []attempts
+		allow       allowlist
+		passed      int
+		failed      int
+		allowed     []string
+		flaky       int
+		controlOnly int
+		problems    []string // substrings, one per problem, in order
 	}{
 		{
 			name:    "all pass",
@@ -88,12 +89,20 @@ func TestJudge(t *testing.T) {
 			problems: []string{"TestGone is allowlisted but is no test of this pgx version"},
 		},
 		{
-			name:     "control failure is a problem, control flake is not",
-			lanes:    []attempts{pass("TestA"), pass("TestB"), pass("TestC"), flaky("TestD")},
+			name:     "a failure of both is a problem of the environment; a control flake is not",
+			lanes:    []attempts{fail("TestA"), pass("TestB"), pass("TestC"), flaky("TestD")},
 			control:  []attempts{fail("TestA"), flaky("TestB"), pass("TestC"), pass("TestD")},
-			passed:   4,
+			passed:   3,
+			failed:   1,
 			flaky:    2,
-			problems: []string{"TestA fails against plain pgxpool too"},
+			problems: []string{"TestA fails against pgxlanes", "TestA fails against plain pgxpool too"},
+		},
+		{
+			name:        "a failure of the control alone is logged, not a problem",
+			lanes:       []attempts{pass("TestA"), pass("TestB"), pass("TestC"), pass("TestD")},
+			control:     []attempts{fail("TestA"), pass("TestB"), pass("TestC"), pass("TestD")},
+			passed:      4,
+			controlOnly: 1,
 		},
 	}
 	for _, tt := range tests {
@@ -103,6 +112,7 @@ func TestJudge(t *testing.T) {
 			assert.Equal(t, tt.failed, v.Failed, "failed")
 			assert.Equal(t, tt.allowed, v.Allowed)
 			assert.Len(t, v.Flaky, tt.flaky)
+			assert.Len(t, v.ControlOnly, tt.controlOnly)
 			require.Len(t, v.Problems, len(tt.problems), "%q", v.Problems)
 			for i, p := range tt.problems {
 				assert.Contains(t, v.Problems[i], p)

@@ -164,6 +164,9 @@ func TestPgxpoolConformance(t *testing.T) {
 	for _, f := range v.Flaky {
 		t.Logf("flaky, passed on retry: %s", f)
 	}
+	for _, c := range v.ControlOnly {
+		t.Logf("failed on the control only: %s", c)
+	}
 	for _, p := range v.Problems {
 		t.Error(p)
 	}

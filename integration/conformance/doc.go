@@ -19,8 +19,11 @@
 //
 // Every lane-rule difference is listed in allowlist.txt, one "TestName: reason" line each. The
 // stage fails if a test fails that is not listed, if a listed test passes (the list must stay
-// honest), if a listed test does not exist, or if a control test fails (then the environment is
-// broken, not pgxlanes).
+// honest), if a listed test does not exist, or if a test fails on both pgxlanes and the control
+// (then the environment is broken, not pgxlanes). A failed test is run once more before it
+// counts. A control test that fails twice where pgxlanes passed is logged, not a failure: pgx's
+// timing-sensitive tests (stdlib's TestBeginTxContextCancel) do that on a loaded machine, and
+// the stage checks pgxlanes, not pgx.
 //
 // TestStdlibConformance does the same for pgx's database/sql tests (stdlib/sql_test.go): every
 // *sql.DB of stdlib.OpenDB comes from the bridge (github.com/pgxlanes/pgxlanes/stdlib over a

@@ -97,6 +97,9 @@ func TestStdlibConformance(t *testing.T) {
 	for _, fl := range v.Flaky {
 		t.Logf("flaky, passed on retry: %s", fl)
 	}
+	for _, c := range v.ControlOnly {
+		t.Logf("failed on the control only: %s", c)
+	}
 	for _, p := range v.Problems {
 		t.Error(p)
 	}
