@@ -92,7 +92,8 @@ func (e *ConfigError) Error() string {
 
 // Validate reports the first rule c breaks as a *ConfigError, or nil. The rules:
 //
-//   - Size is at least 1 and at most math.MaxInt32; there is at least one lane;
+//   - Size is at least 1 and at most math.MaxInt32; there is at least one lane, and fewer than
+//     1<<24;
 //   - every lane has a unique, non-empty Name;
 //   - no number or duration is negative (PriorityAge, MaxTagShare and PriorityHeadroom
 //     included);
@@ -112,6 +113,8 @@ func Validate(c Config) error {
 		return bad("", "Size", "%d exceeds %d", c.Size, math.MaxInt32)
 	case len(c.Lanes) == 0:
 		return bad("", "Name", "of lane 0 missing: a pool needs at least one lane")
+	case len(c.Lanes) > laneMask:
+		return bad("", "Name", "of lane %d: a pool has at most %d lanes", laneMask, laneMask)
 	}
 	reserved := 0
 	for i, l := range c.Lanes {

@@ -92,7 +92,7 @@ func (l *lane) removeClassLocked(w *waiter) {
 // tagLocked counts slot s, just taken, for tag, in a lane with a tag share. Caller must hold
 // p.mu.
 func (p *Pool) tagLocked(s Slot, tag string) {
-	l := &p.lanes[s.lane]
+	l := &p.lanes[s.lane()]
 	l.slotTags[s.idx] = tag
 	l.tags[tag]++
 }
