@@ -93,10 +93,13 @@
 // # Cost and memory
 //
 // An acquire that does not wait takes one mutex and allocates nothing. A waiting acquire
-// allocates the channel that wakes it and, if the lane has an AcquireTimeout, a timer; its
-// queue node comes from a per-Pool sync.Pool of plain nodes (no channel, no timer), as Vitess
-// keeps one per wait list. No channel or timer outlives its wait, so nothing made inside a
-// testing/synctest bubble is ever touched outside it. Cancelling a wait unlinks it from a doubly
+// allocates the channel that wakes it, and waits on it and its ctx; its queue node comes from a
+// per-Pool sync.Pool of plain nodes (no channel, no timer), as Vitess keeps one per wait list.
+// The AcquireTimeout needs no timer per waiter: the waiters of a lane time out in their order of
+// arrival, so one timer per lane, made when its queue fills and dropped when it empties, fails
+// each at its deadline (expiry.go). No channel outlives its wait and no timer its queue, so
+// nothing made inside a testing/synctest bubble is touched outside it (the waiters of one lane
+// are not in and out of a bubble at once). Cancelling a wait unlinks it from a doubly
 // linked list, so its cost does not depend on how many others wait; a grant looks at each
 // lane's first waiter and, in a lane ordered by priority, at the first of its highest priority
 // and the clock. Only a tag share may scan: past the waiters of tags at their share. There is no
@@ -189,6 +192,10 @@ type lane struct {
 	waitHead *waiter
 	waitTail *waiter
 	classes  []class
+	// expiry fails the waiters whose AcquireTimeout ran out; set while the lane has waiters and
+	// a timeout. episode counts the timers made, so that a stale one does nothing (expiry.go).
+	expiry  *time.Timer
+	episode uint64
 	// tags counts the slots each tag holds and slotTags names the tag of each slot held (by
 	// index in Pool.slots), kept only with a tag share; a tag holding none has no entry.
 	tags     map[string]int
@@ -270,27 +277,23 @@ func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
 		return s, err
 	}
 	ready, since := w.ready, w.since
-	timeout := p.lanes[i].cfg.AcquireTimeout
 	p.mu.Unlock()
 
-	var expired <-chan time.Time
-	if timeout > 0 {
-		t := time.NewTimer(timeout)
-		defer t.Stop()
-		expired = t.C
-	}
 	select {
 	case s, ok := <-ready:
-		if ok {
+		if ok && s != expired {
 			return s, nil
+		}
+		// Closed, or failed by the lane's timer (expiry.go): the node is already gone.
+		reason := ErrClosed
+		if ok {
+			reason = ErrAcquireTimeout
 		}
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return Slot{}, p.errorLocked(i, time.Since(since), ErrClosed)
+		return Slot{}, p.errorLocked(i, time.Since(since), reason)
 	case <-done:
 		return p.abandon(w, ready, i, since, ctx.Err())
-	case <-expired:
-		return p.abandon(w, ready, i, since, ErrAcquireTimeout)
 	}
 }
 
@@ -358,10 +361,12 @@ func (p *Pool) abandon(w *waiter, ready <-chan Slot, i int, since time.Time, rea
 	select {
 	case s, ok := <-ready:
 		// The wait ended just as the caller gave up, and w went back to p.waiters: it may
-		// already serve another caller, so it is not touched.
-		if !ok {
+		// already serve another caller, so it is not touched. A slot goes back; a timeout at the
+		// same instant leaves the caller's own reason.
+		switch {
+		case !ok:
 			reason = ErrClosed
-		} else {
+		case s != expired:
 			p.releaseLocked(s)
 		}
 	default:
@@ -530,6 +535,9 @@ func (p *Pool) enqueueLocked(i int, c Caller) *waiter {
 	}
 	l.waitTail = w
 	l.waiting++
+	if l.cfg.AcquireTimeout > 0 && l.expiry == nil {
+		p.armLocked(i)
+	}
 	return w
 }
 
@@ -559,4 +567,7 @@ func (p *Pool) unlinkLocked(w *waiter) {
 	}
 	w.prev, w.next = nil, nil
 	l.waiting--
+	if l.waitHead == nil && l.expiry != nil {
+		p.disarmLocked(w.lane)
+	}
 }
