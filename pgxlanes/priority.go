@@ -16,9 +16,10 @@ import (
 // priority waiting, and among equals to the first that came. Ageing bounds every wait: a caller
 // that has waited its lane's PriorityAge is served before every caller that came after it,
 // whatever their priority, so low-priority work is delayed, never starved (docs/design.md
-// proves the bound). A priority only orders a lane's queue: it never lets a lane take more than
-// its cap or another lane's reserve, and the lane's acquire timeout and queue bound hold for
-// every caller. Use the named levels; any int works, larger first.
+// proves the bound). A priority orders a lane's queue, and a negative one keeps a caller off the
+// lane's last connections (LaneConfig.PriorityHeadroom) until it has waited PriorityAge: it never
+// lets a lane take more than its cap or another lane's reserve, and the lane's acquire timeout
+// and queue bound hold for every caller. Use the named levels; any int works, larger first.
 type Priority int
 
 // The named priority levels. The gaps leave room for levels in between; metrics group every
@@ -57,8 +58,9 @@ func (p Priority) String() string {
 func PriorityLevels() []string { return []string{"low", "normal", "high", "critical"} }
 
 // WithPriority returns a context whose calls wait with priority p in their lane's queue. It
-// changes only the order in which waiters of one lane are served; a call that finds a free
-// connection takes it whatever its priority.
+// changes the order in which waiters of one lane are served, and, for a negative p, keeps the
+// call off the lane's PriorityHeadroom until it has waited the lane's PriorityAge; otherwise a
+// call that finds a free connection takes it whatever its priority.
 func WithPriority(ctx context.Context, p Priority) context.Context {
 	return withAnnotations(ctx, func(a *Annotations) { a.Priority = p })
 }
