@@ -130,10 +130,13 @@ type Conn struct {
 	fatal   bool // out holds a FATAL: writes are dropped so that pgconn reads it
 	wwait   int  // Writes waiting for a drain to end
 
-	// rbuf[r:w] are bytes read from the server and not yet handed on. They are touched by the
-	// reader while it holds mu or while it alone reads (reading), and by a drain while the Conn
-	// is draining, when no reader touches them.
+	// rbuf[r:w] are bytes read from the server and not yet handed on (the stash, see read.go).
+	// rbuf is nil, and r and w 0, whenever it is empty: an idle connection holds no buffer of
+	// its own. rbp is rbuf's pooled buffer, nil for one allocated for a large message. They are
+	// touched by the reader while it holds mu or while it alone reads (reading), and by a drain
+	// while the Conn is draining, when no reader touches them.
 	rbuf    []byte
+	rbp     *[]byte
 	r, w    int
 	cur     int    // bytes of a message being handed to pgconn that it has not had yet
 	out     []byte // bytes to hand to pgconn before any other: a synthetic end, stashed messages
@@ -151,7 +154,7 @@ type Conn struct {
 // interrupt only sets a deadline of now, as pgconn's DeadlineContextWatcherHandler does; so c may
 // be wrapped before the startup message, or after authentication with Options.Ready.
 func New(c net.Conn, opts Options) *Conn {
-	w := &Conn{Conn: c, opts: opts, rbuf: make([]byte, 8192)}
+	w := &Conn{Conn: c, opts: opts}
 	w.cond = sync.NewCond(&w.mu)
 	if opts.Ready {
 		w.st, w.tx, w.srv = stateReady, 'I', 'I'
