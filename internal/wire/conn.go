@@ -92,9 +92,8 @@ type Conn struct {
 	opts   Options
 	cancel func(context.Context) error // sends a cancel request for this session; nil: none
 
-	wmu  sync.Mutex // serializes Write, held while a Write waits for a drain
-	wbuf []byte     // a write with staged queries around it; guarded by wmu
-	smu  sync.Mutex // serializes the socket writes of Write and of a drain (CopyFail)
+	wmu sync.Mutex // serializes Write, held while a Write waits for a drain
+	smu sync.Mutex // serializes the socket writes of Write and of a drain (CopyFail)
 
 	mu   sync.Mutex // guards everything below, except rbuf, r and w (see below)
 	cond *sync.Cond // broadcast when a drain ends, the Conn breaks, or an interrupt or output arrives
@@ -308,28 +307,34 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	out := b
+	var wb *[]byte // a pooled buffer for a write with staged queries around b
 	if c.wrem == 0 && c.nhdr == 0 && !c.extOpen && len(b) > 0 && startsRequest(b[0]) {
-		c.wbuf = c.wbuf[:0]
+		var buf []byte
 		if c.staged != c.applied {
 			sql := c.staged
 			if sql == "" {
 				sql = c.opts.ResetSQL
 			}
-			c.wbuf = appendQuery(c.wbuf, sql)
+			wb = writePool.Get().(*[]byte)
+			buf = appendQuery((*wb)[:0], sql)
 			c.reqs = append(c.reqs, request{staged: true})
 			c.applied = c.staged
 		}
 		c.scanLocked(b, true)
 		if c.after != "" && c.wrem == 0 && c.nhdr == 0 && !c.extOpen {
-			c.wbuf = append(c.wbuf, b...)
-			c.wbuf = appendQuery(c.wbuf, c.after)
+			if wb == nil {
+				wb = writePool.Get().(*[]byte)
+				buf = (*wb)[:0]
+			}
+			buf = append(buf, b...)
+			buf = appendQuery(buf, c.after)
 			c.reqs = append(c.reqs, request{staged: true})
 			c.after = ""
-		} else if len(c.wbuf) > 0 {
-			c.wbuf = append(c.wbuf, b...)
+		} else if wb != nil {
+			buf = append(buf, b...)
 		}
-		if len(c.wbuf) > 0 {
-			out = c.wbuf
+		if wb != nil {
+			out, *wb = buf, buf
 		}
 	} else {
 		c.scanLocked(b, true)
@@ -340,6 +345,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.smu.Lock()
 	n, err := c.Conn.Write(out)
 	c.smu.Unlock()
+	if wb != nil && cap(*wb) <= maxPooledWrite {
+		writePool.Put(wb)
+	}
 
 	c.mu.Lock()
 	c.writing = false
@@ -357,6 +365,16 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// writePool holds the buffers of writes with staged queries around the application's bytes,
+// shared by every Conn, so that an idle Conn holds none.
+var writePool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 512)
+	return &b
+}}
+
+// maxPooledWrite is the capacity above which a write's buffer is left to the collector.
+const maxPooledWrite = 64 << 10
 
 // atRequestLocked reports whether b starts a new request at a message boundary. Caller must hold
 // c.mu.
