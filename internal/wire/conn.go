@@ -131,7 +131,7 @@ type Conn struct {
 
 	// rbuf[r:w] are bytes read from the server and not yet handed on (the stash, see read.go).
 	// rbuf is nil, and r and w 0, whenever it is empty: an idle connection holds no buffer of
-	// its own. rbp is rbuf's pooled buffer, nil for one allocated for a large message. They are
+	// its own. rbp is rbuf's buffer, from getStash, given back by releaseLocked. They are
 	// touched by the reader while it holds mu or while it alone reads (reading), and by a drain
 	// while the Conn is draining, when no reader touches them.
 	rbuf    []byte

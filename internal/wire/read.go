@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"math/bits"
 	"sync"
 	"time"
 )
@@ -15,20 +16,42 @@ import (
 // pgconn only ever holds whole messages, as when the whole stream went through a buffer of
 // wire's own, yet no byte is copied twice but those of a message cut by a read's end.
 //
-// The stash is a pooled buffer, held only while it holds bytes. It is used for what cannot go
+// The stash is a pooled buffer (pooled by size), held only while it holds bytes. It is used for what cannot go
 // straight into p: a message larger than p (up to streamAbove; pgconn gets its first bytes once
 // it is whole, so that an interrupt never finds pgconn in the middle of a message it must
 // finish), whatever a read brings in once an interrupt is pending, and the drain's reads. A
 // message larger than streamAbove is handed on as it arrives, as before.
 
-// stashSize is the size of the pooled buffers of the stash.
+// stashSize is the size of the smallest stash buffer.
 const stashSize = 8192
 
-// stashPool holds stash buffers of stashSize bytes, shared by every Conn.
-var stashPool = sync.Pool{New: func() any {
-	b := make([]byte, stashSize)
+// stashPools[i] holds stash buffers of stashSize<<i bytes, shared by every Conn; a buffer for a
+// message over streamAbove is allocated and left to the collector.
+var stashPools [7]sync.Pool
+
+// stashClass returns the index in stashPools of the smallest buffer of n bytes or more.
+func stashClass(n int) int { return bits.Len(uint(max(n, 1)-1) / stashSize) }
+
+// getStash returns a buffer of n bytes or more.
+func getStash(n int) *[]byte {
+	i := stashClass(n)
+	if i >= len(stashPools) {
+		b := make([]byte, n)
+		return &b
+	}
+	if b, ok := stashPools[i].Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, stashSize<<i)
 	return &b
-}}
+}
+
+// putStash gives back a buffer of getStash's.
+func putStash(b *[]byte) {
+	if i := stashClass(len(*b)); i < len(stashPools) && len(*b) == stashSize<<i {
+		stashPools[i].Put(b)
+	}
+}
 
 // Read hands pgconn the server's bytes, without the replies of staged queries, and a synthetic
 // end of a request that an interrupt ended.
@@ -207,22 +230,18 @@ func (c *Conn) reserveLocked(n int) {
 	switch {
 	case c.rbuf == nil:
 		c.r, c.w = 0, 0
-		if n <= stashSize {
-			c.rbp = stashPool.Get().(*[]byte)
-			c.rbuf = *c.rbp
-		} else {
-			c.rbuf = make([]byte, n)
-		}
+		c.rbp = getStash(n)
+		c.rbuf = *c.rbp
 	case len(c.rbuf)-c.r >= n:
 	case len(c.rbuf) >= n:
 		c.w = copy(c.rbuf, c.rbuf[c.r:c.w])
 		c.r = 0
 	default:
-		nb := make([]byte, max(n, 2*len(c.rbuf)))
-		k := copy(nb, c.rbuf[c.r:c.w])
+		nb := getStash(n)
+		k := copy(*nb, c.rbuf[c.r:c.w])
 		c.r = c.w
 		c.releaseLocked()
-		c.rbuf, c.w = nb, k
+		c.rbp, c.rbuf, c.w = nb, *nb, k
 	}
 }
 
@@ -232,9 +251,7 @@ func (c *Conn) releaseLocked() {
 	if c.r != c.w || c.rbuf == nil {
 		return
 	}
-	if c.rbp != nil {
-		stashPool.Put(c.rbp)
-	}
+	putStash(c.rbp)
 	c.rbuf, c.rbp, c.r, c.w = nil, nil, 0, 0
 }
 
