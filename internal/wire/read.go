@@ -98,6 +98,9 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if n := c.deliverLocked(p); n > 0 {
 			return n, nil
 		}
+		if c.st == stateBroken {
+			continue // a malformed message in the stash
+		}
 		var err error
 		if c.intr == nil && c.directLocked(len(p)) {
 			var n int

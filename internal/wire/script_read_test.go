@@ -226,3 +226,30 @@ func (s *script) waitRead(n int) {
 	}
 	time.Sleep(5 * time.Millisecond)
 }
+
+// A length the protocol cannot have (under the header's own 4 bytes, or a ReadyForQuery that is
+// not 6 bytes long) breaks the Conn: the call fails, nothing panics.
+func TestScriptMalformedLengthBreaks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		raw  []byte
+		cuts []int
+	}{
+		{"short length", []byte{'D', 0, 0, 0, 2}, nil},
+		{"short length after a cut header", []byte{'D', 0, 0, 0, 2}, []int{3}},
+		{"long ReadyForQuery", []byte{'Z', 0, 0, 0, 6, 'I', 'I'}, nil},
+		{"short length after a message cut by a read", append(encodeAll(t, textColumn()), 'D', 0, 0, 0, 3), []int{2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newScript(t, scriptOptions)
+			ch := s.exec(context.Background(), "select v")
+			s.expectQuery()
+			s.cut.cutAt(false, tc.cuts...)
+			s.sendRaw(tc.raw)
+			r := result(t, ch)
+			require.Error(t, r.firstErr())
+			assert.True(t, s.w.Broken())
+			assert.ErrorContains(t, s.w.Err(), "malformed")
+		})
+	}
+}
