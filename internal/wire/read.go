@@ -202,6 +202,9 @@ func (c *Conn) frameLocked(b []byte) int {
 		i += size
 	}
 	if i < len(b) {
+		if _, size, ok := header(b[i:]); ok {
+			c.reserveLocked(min(size, streamAbove)) // room for all of it: copied once
+		}
 		c.stashLocked(b[i:])
 	}
 	return o
