@@ -92,9 +92,8 @@ type Conn struct {
 	opts   Options
 	cancel func(context.Context) error // sends a cancel request for this session; nil: none
 
-	wmu  sync.Mutex // serializes Write, held while a Write waits for a drain
-	wbuf []byte     // a write with staged queries around it; guarded by wmu
-	smu  sync.Mutex // serializes the socket writes of Write and of a drain (CopyFail)
+	wmu sync.Mutex // serializes Write, held while a Write waits for a drain
+	smu sync.Mutex // serializes the socket writes of Write and of a drain (CopyFail)
 
 	mu   sync.Mutex // guards everything below, except rbuf, r and w (see below)
 	cond *sync.Cond // broadcast when a drain ends, the Conn breaks, or an interrupt or output arrives
@@ -130,10 +129,13 @@ type Conn struct {
 	fatal   bool // out holds a FATAL: writes are dropped so that pgconn reads it
 	wwait   int  // Writes waiting for a drain to end
 
-	// rbuf[r:w] are bytes read from the server and not yet handed on. They are touched by the
-	// reader while it holds mu or while it alone reads (reading), and by a drain while the Conn
-	// is draining, when no reader touches them.
+	// rbuf[r:w] are bytes read from the server and not yet handed on (the stash, see read.go).
+	// rbuf is nil, and r and w 0, whenever it is empty: an idle connection holds no buffer of
+	// its own. rbp is rbuf's buffer, from getStash, given back by releaseLocked. They are
+	// touched by the reader while it holds mu or while it alone reads (reading), and by a drain
+	// while the Conn is draining, when no reader touches them.
 	rbuf    []byte
+	rbp     *[]byte
 	r, w    int
 	cur     int    // bytes of a message being handed to pgconn that it has not had yet
 	out     []byte // bytes to hand to pgconn before any other: a synthetic end, stashed messages
@@ -151,7 +153,7 @@ type Conn struct {
 // interrupt only sets a deadline of now, as pgconn's DeadlineContextWatcherHandler does; so c may
 // be wrapped before the startup message, or after authentication with Options.Ready.
 func New(c net.Conn, opts Options) *Conn {
-	w := &Conn{Conn: c, opts: opts, rbuf: make([]byte, 8192)}
+	w := &Conn{Conn: c, opts: opts}
 	w.cond = sync.NewCond(&w.mu)
 	if opts.Ready {
 		w.st, w.tx, w.srv = stateReady, 'I', 'I'
@@ -305,28 +307,34 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return 0, err
 	}
 	out := b
+	var wb *[]byte // a pooled buffer for a write with staged queries around b
 	if c.wrem == 0 && c.nhdr == 0 && !c.extOpen && len(b) > 0 && startsRequest(b[0]) {
-		c.wbuf = c.wbuf[:0]
+		var buf []byte
 		if c.staged != c.applied {
 			sql := c.staged
 			if sql == "" {
 				sql = c.opts.ResetSQL
 			}
-			c.wbuf = appendQuery(c.wbuf, sql)
+			wb = writePool.Get().(*[]byte)
+			buf = appendQuery((*wb)[:0], sql)
 			c.reqs = append(c.reqs, request{staged: true})
 			c.applied = c.staged
 		}
 		c.scanLocked(b, true)
 		if c.after != "" && c.wrem == 0 && c.nhdr == 0 && !c.extOpen {
-			c.wbuf = append(c.wbuf, b...)
-			c.wbuf = appendQuery(c.wbuf, c.after)
+			if wb == nil {
+				wb = writePool.Get().(*[]byte)
+				buf = (*wb)[:0]
+			}
+			buf = append(buf, b...)
+			buf = appendQuery(buf, c.after)
 			c.reqs = append(c.reqs, request{staged: true})
 			c.after = ""
-		} else if len(c.wbuf) > 0 {
-			c.wbuf = append(c.wbuf, b...)
+		} else if wb != nil {
+			buf = append(buf, b...)
 		}
-		if len(c.wbuf) > 0 {
-			out = c.wbuf
+		if wb != nil {
+			out, *wb = buf, buf
 		}
 	} else {
 		c.scanLocked(b, true)
@@ -337,6 +345,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.smu.Lock()
 	n, err := c.Conn.Write(out)
 	c.smu.Unlock()
+	if wb != nil && cap(*wb) <= maxPooledWrite {
+		writePool.Put(wb)
+	}
 
 	c.mu.Lock()
 	c.writing = false
@@ -354,6 +365,16 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	return n, err
 }
+
+// writePool holds the buffers of writes with staged queries around the application's bytes,
+// shared by every Conn, so that an idle Conn holds none.
+var writePool = sync.Pool{New: func() any {
+	b := make([]byte, 0, 512)
+	return &b
+}}
+
+// maxPooledWrite is the capacity above which a write's buffer is left to the collector.
+const maxPooledWrite = 64 << 10
 
 // atRequestLocked reports whether b starts a new request at a message boundary. Caller must hold
 // c.mu.

@@ -29,3 +29,11 @@ func (c *Conn) Err() error {
 	}
 	return c.err
 }
+
+// Held returns the bytes of buffer an idle Conn holds of its own: the stash and the synthetic end
+// (a write's buffer is pooled). It is 0 once every byte read was handed on.
+func (c *Conn) Held() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cap(c.rbuf) + cap(c.out)
+}

@@ -261,18 +261,23 @@ func FuzzInterrupt(f *testing.F) {
 			if in.next(2) == 0 {
 				interruptAt = in.next(256)
 			}
+			// Reads of a fuzzed size, of pgconn's buffer's (8 KiB: wire then reads straight into
+			// it), or of a few bytes, in a fuzzed order.
 			readSize := 1 + in.next(512)
+			sizes := [...]int{readSize, 8192, 1 + in.next(16)}
+			buf := make([]byte, 8192)
+			var p []byte
 			var rcv []byte
-			p := make([]byte, readSize)
 			interrupted := false
 			for {
 				if interruptAt >= 0 && !interrupted && len(rcv) >= interruptAt {
 					w.Interrupt(context.DeadlineExceeded)
 					interrupted = true
 				}
+				p = buf[:sizes[in.next(len(sizes))]]
 				n, err := w.Read(p)
 				rcv = append(rcv, p[:n]...)
-				require.NoError(t, err, "round %d staged %v interrupt at %d (%v) read %d", round, staged, interruptAt, interrupted, readSize)
+				require.NoError(t, err, "round %d staged %v interrupt at %d (%v) read %d", round, staged, interruptAt, interrupted, len(p))
 				if hasReady(splitComplete(rcv)) {
 					break
 				}
@@ -305,6 +310,9 @@ func FuzzInterrupt(f *testing.F) {
 				}
 			}
 			w.ClearInterrupt()
+			if broken == nil {
+				require.Zero(t, w.Held(), "an idle connection holds a buffer")
+			}
 			checkRound(t, splitMessages(t, rcv), stagedReply, own)
 			if stagedErr {
 				return // the owner closes a session whose settings failed

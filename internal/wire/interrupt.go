@@ -116,6 +116,7 @@ func (c *Conn) consumeLocked() error {
 	c.cause = cause
 	c.st = stateDraining
 	c.cleaned = make(chan struct{})
+	c.reserveLocked(1) // the drain reads into the stash
 	boundary := c.wrem == 0 && c.nhdr == 0
 	go c.drain(time.Now().Add(c.opts.Grace), tx, boundary)
 	return nil
@@ -190,6 +191,7 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 		}
 		c.breakLocked(err)
 	}
+	c.releaseLocked()
 	close(c.cleaned)
 	fs := c.onClean
 	c.onClean = nil

@@ -1,16 +1,73 @@
 package wire
 
-import "time"
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+	"time"
+)
+
+// The read path. pgconn reads the server's bytes into a buffer of its own (pgproto3's chunk
+// reader, 8 KiB, grown for a larger message) and hands Read a slice of it, p. Read reads the
+// socket straight into p and frames what arrived there, in place: a message of pgconn's stays
+// where it is, the reply of a staged query is cut out of p (the bytes after it move up), and the
+// bytes of a message that arrived only in part, at the end of p, are kept back: moved into the
+// stash (rbuf), and at the next Read put at the start of p before the socket is read again. So
+// pgconn only ever holds whole messages, as when the whole stream went through a buffer of
+// wire's own, yet no byte is copied twice but those of a message cut by a read's end.
+//
+// The stash is a pooled buffer (pooled by size), held only while it holds bytes. It is used for what cannot go
+// straight into p: a message larger than p (up to streamAbove; pgconn gets its first bytes once
+// it is whole, so that an interrupt never finds pgconn in the middle of a message it must
+// finish), whatever a read brings in once an interrupt is pending, and the drain's reads. A
+// message larger than streamAbove is handed on as it arrives, as before.
+
+// stashSize is the size of the smallest stash buffer.
+const stashSize = 8192
+
+// stashPools[i] holds stash buffers of stashSize<<i bytes, shared by every Conn; a buffer for a
+// message over streamAbove is allocated and left to the collector.
+var stashPools [7]sync.Pool
+
+// stashClass returns the index in stashPools of the smallest buffer of n bytes or more.
+func stashClass(n int) int { return bits.Len(uint(max(n, 1)-1) / stashSize) }
+
+// getStash returns a buffer of n bytes or more.
+func getStash(n int) *[]byte {
+	i := stashClass(n)
+	if i >= len(stashPools) {
+		b := make([]byte, n)
+		return &b
+	}
+	if b, ok := stashPools[i].Get().(*[]byte); ok {
+		return b
+	}
+	b := make([]byte, stashSize<<i)
+	return &b
+}
+
+// putStash gives back a buffer of getStash's.
+func putStash(b *[]byte) {
+	if i := stashClass(len(*b)); i < len(stashPools) && len(*b) == stashSize<<i {
+		stashPools[i].Put(b)
+	}
+}
 
 // Read hands pgconn the server's bytes, without the replies of staged queries, and a synthetic
 // end of a request that an interrupt ended.
 func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
 		if len(c.out) > 0 {
 			n := copy(p, c.out)
 			c.out = c.out[n:]
+			if len(c.out) == 0 {
+				c.out = nil // an idle connection keeps no buffer
+			}
 			return n, nil
 		}
 		switch c.st {
@@ -41,7 +98,19 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if n := c.deliverLocked(p); n > 0 {
 			return n, nil
 		}
-		if err := c.fillLocked(); err != nil {
+		if c.st == stateBroken {
+			continue // a malformed message in the stash
+		}
+		var err error
+		if c.intr == nil && c.directLocked(len(p)) {
+			var n int
+			if n, err = c.readDirectLocked(p); n > 0 {
+				return n, nil
+			}
+		} else {
+			err = c.fillLocked()
+		}
+		if err != nil {
 			if c.intr != nil && isTimeout(err) {
 				continue // woken by Interrupt: consume it
 			}
@@ -53,40 +122,177 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 }
 
-// fillLocked reads more bytes from the server into rbuf. It releases c.mu during the read.
-// Caller must hold c.mu.
-func (c *Conn) fillLocked() error {
-	if c.r == c.w {
-		c.r, c.w = 0, 0
-		if cap(c.rbuf) > 4*streamAbove {
-			c.rbuf = make([]byte, 8192)
-		}
+// directLocked reports whether the next socket read may go straight into a buffer of n bytes:
+// the stash holds at most the start of one message, which fits in it. Caller must hold c.mu.
+func (c *Conn) directLocked(n int) bool {
+	held := c.w - c.r
+	if held == 0 {
+		return true
 	}
-	if c.w == len(c.rbuf) {
-		if c.r > 0 {
-			c.w = copy(c.rbuf, c.rbuf[c.r:c.w])
-			c.r = 0
-		} else {
-			nb := make([]byte, 2*len(c.rbuf))
-			copy(nb, c.rbuf[:c.w])
-			c.rbuf = nb
+	if c.cur > 0 {
+		return false
+	}
+	_, size, ok := header(c.rbuf[c.r:c.w])
+	if !ok {
+		return n > held
+	}
+	return size <= n
+}
+
+// readDirectLocked reads from the socket into p, after the stash's bytes (the start of a
+// message), and frames what p then holds. It returns how many bytes at the start of p are
+// pgconn's. It releases c.mu during the read. Caller must hold c.mu.
+func (c *Conn) readDirectLocked(p []byte) (int, error) {
+	k := copy(p, c.rbuf[c.r:c.w])
+	c.r = c.w
+	c.releaseLocked()
+	c.reading = true
+	c.mu.Unlock()
+	n, err := c.Conn.Read(p[k:])
+	c.mu.Lock()
+	c.reading = false
+	n += k
+	if c.intr != nil || c.st == stateBroken {
+		// An interrupt (or Close) came during the read: what arrived goes to the stash and
+		// the loop in Read takes it from there.
+		c.stashLocked(p[:n])
+		return 0, err
+	}
+	return c.frameLocked(p[:n]), err
+}
+
+// frameLocked frames b, bytes just read from the server: it keeps pgconn's messages at the start
+// of b, drops the replies of swallowed requests, moves the bytes of a message cut by b's end to
+// the stash, and returns how many bytes at the start of b are pgconn's. Caller must hold c.mu.
+func (c *Conn) frameLocked(b []byte) int {
+	i, o := 0, 0 // b[i:] is still to frame; b[:o] is pgconn's
+	if c.cur > 0 {
+		// The rest of a message over streamAbove, handed on as it arrives.
+		k := min(c.cur, len(b))
+		c.cur -= k
+		i, o = k, k
+	}
+	for i < len(b) {
+		typ, size, ok := header(b[i:])
+		if !ok {
+			break
 		}
+		if !c.sizeOKLocked(typ, size) {
+			return o
+		}
+		if len(b)-i < size {
+			if size <= streamAbove || !c.ownedLocked(typ, nil) {
+				break // kept back until it is whole
+			}
+			c.cur = size - (len(b) - i)
+			o += copy(b[o:], b[i:])
+			i = len(b)
+			break
+		}
+		body := b[i+headerLen : i+size]
+		if c.ownedLocked(typ, body) {
+			if typ == beReady && len(body) == 1 {
+				c.tx = body[0]
+			}
+			if o != i {
+				copy(b[o:], b[i:i+size])
+			}
+			o += size
+		}
+		i += size
+	}
+	if i < len(b) {
+		if _, size, ok := header(b[i:]); ok {
+			c.reserveLocked(min(size, streamAbove)) // room for all of it: copied once
+		}
+		c.stashLocked(b[i:])
+	}
+	return o
+}
+
+// sizeOKLocked breaks the Conn and returns false if size cannot be that of a message of type typ.
+// Caller must hold c.mu.
+func (c *Conn) sizeOKLocked(typ byte, size int) bool {
+	if size >= headerLen && (typ != beReady || size == headerLen+1) {
+		return true
+	}
+	c.breakLocked(fmt.Errorf("%w: a malformed message from the server", errBroken))
+	return false
+}
+
+// stashLocked appends b to the stash. Caller must hold c.mu.
+func (c *Conn) stashLocked(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	c.reserveLocked(c.w - c.r + len(b))
+	c.w += copy(c.rbuf[c.w:], b)
+}
+
+// reserveLocked makes room in the stash for n bytes from c.r on, and for one more byte than it
+// holds. Caller must hold c.mu.
+func (c *Conn) reserveLocked(n int) {
+	n = max(n, c.w-c.r+1)
+	switch {
+	case c.rbuf == nil:
+		c.r, c.w = 0, 0
+		c.rbp = getStash(n)
+		c.rbuf = *c.rbp
+	case len(c.rbuf)-c.r >= n:
+	case len(c.rbuf) >= n:
+		c.w = copy(c.rbuf, c.rbuf[c.r:c.w])
+		c.r = 0
+	default:
+		nb := getStash(n)
+		k := copy(*nb, c.rbuf[c.r:c.w])
+		c.r = c.w
+		c.releaseLocked()
+		c.rbp, c.rbuf, c.w = nb, *nb, k
+	}
+}
+
+// releaseLocked gives the stash's buffer back if the stash is empty. Caller must hold c.mu, or be
+// the drain.
+func (c *Conn) releaseLocked() {
+	if c.r != c.w || c.rbuf == nil {
+		return
+	}
+	putStash(c.rbp)
+	c.rbuf, c.rbp, c.r, c.w = nil, nil, 0, 0
+}
+
+// fillLocked reads more bytes from the server into the stash: enough for the message at its start
+// to be whole, when its size is known. It releases c.mu during the read. Caller must hold c.mu.
+func (c *Conn) fillLocked() error {
+	need := 0 // the size of the message at the start of the stash, if known
+	if _, size, ok := header(c.rbuf[c.r:c.w]); ok && c.cur == 0 {
+		need = size
+	}
+	c.reserveLocked(min(max(need, headerLen), streamAbove))
+	end := len(c.rbuf)
+	if need > c.w-c.r && c.r+need <= end {
+		// No further: once the message is whole and handed on, reads go straight to pgconn.
+		end = c.r + need
 	}
 	c.reading = true
 	c.mu.Unlock()
-	n, err := c.Conn.Read(c.rbuf[c.w:])
+	n, err := c.Conn.Read(c.rbuf[c.w:end])
 	c.mu.Lock()
 	c.reading = false
 	c.w += n
 	if n > 0 {
 		return nil
 	}
+	c.releaseLocked()
 	return err
 }
 
-// deliverLocked copies into p the messages in rbuf that are pgconn's, dropping the replies of
-// swallowed requests, and returns how many bytes it copied. Caller must hold c.mu.
+// deliverLocked copies into p the messages in the stash that are pgconn's, dropping the replies
+// of swallowed requests, and returns how many bytes it copied. Caller must hold c.mu.
 func (c *Conn) deliverLocked(p []byte) int {
+	if c.r == c.w {
+		return 0
+	}
 	n := 0
 	for n < len(p) {
 		if c.cur > 0 {
@@ -102,6 +308,9 @@ func (c *Conn) deliverLocked(p []byte) int {
 		if !ok {
 			break
 		}
+		if !c.sizeOKLocked(typ, size) {
+			break
+		}
 		whole := c.w-c.r >= size
 		if !whole && size <= streamAbove {
 			break // wait for the rest: pgconn gets whole messages
@@ -112,7 +321,7 @@ func (c *Conn) deliverLocked(p []byte) int {
 		}
 		if !c.ownedLocked(typ, body) {
 			if !whole {
-				break // a swallowed reply is small; a huge one waits in rbuf
+				break // a swallowed reply is small; a huge one waits in the stash
 			}
 			c.r += size
 			continue
@@ -122,6 +331,7 @@ func (c *Conn) deliverLocked(p []byte) int {
 		}
 		c.cur = size
 	}
+	c.releaseLocked()
 	return n
 }
 

@@ -26,6 +26,7 @@ type script struct {
 	t   *testing.T
 	be  *pgproto3.Backend
 	srv net.Conn   // the server's side
+	cut *cutConn   // the client's side, under w
 	w   *wire.Conn // under pc
 	pc  *pgconn.PgConn
 
@@ -70,7 +71,8 @@ func newScript(t *testing.T, opts wire.Options) *script {
 	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=127.0.0.1 port=%d user=script sslmode=disable", ln.Addr().(*net.TCPAddr).Port))
 	require.NoError(t, err)
 	cfg.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, c net.Conn) (net.Conn, error) {
-		s.w = wire.New(c, opts)
+		s.cut = &cutConn{Conn: c}
+		s.w = wire.New(s.cut, opts)
 		return s.w, nil
 	}
 	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {

@@ -1,0 +1,100 @@
+package wire_test
+
+import (
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgxlanes/pgxlanes/internal/wire"
+)
+
+// replayConn is a net.Conn whose server answers every write with the same reply, at once: the
+// read path's cost without a network.
+type replayConn struct {
+	reply []byte
+	rest  []byte // of the reply being read
+	owed  int    // replies owed: one per write
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.rest) == 0 {
+		if c.owed == 0 {
+			return 0, io.EOF
+		}
+		c.owed--
+		c.rest = c.reply
+	}
+	n := copy(p, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
+}
+
+func (c *replayConn) Write(b []byte) (int, error)      { c.owed++; return len(b), nil }
+func (c *replayConn) Close() error                     { return nil }
+func (c *replayConn) SetDeadline(time.Time) error      { return nil }
+func (c *replayConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *replayConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *replayConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *replayConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+
+// BenchmarkReadReply is one simple query and its reply through pgproto3's Frontend (pgconn's
+// reader: its chunk reader hands Read an 8 KiB buffer), straight on the socket (Impl=pgconn) and
+// through a wire.Conn (Impl=wire): what wire's read path adds per query. Reply=select1 is a row
+// of "select 1"; rows100 is 100 rows of 100 bytes (reads cut messages); row20k is a row larger
+// than pgconn's buffer.
+func BenchmarkReadReply(b *testing.B) {
+	textColumn := &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("v"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1}}}
+	row := func(n int) *pgproto3.DataRow {
+		v := make([]byte, n)
+		for i := range v {
+			v[i] = 'x'
+		}
+		return &pgproto3.DataRow{Values: [][]byte{v}}
+	}
+	end := []pgproto3.BackendMessage{&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'}}
+	rows100 := []pgproto3.BackendMessage{textColumn}
+	for range 100 {
+		rows100 = append(rows100, row(100))
+	}
+	replies := []struct {
+		name string
+		msgs []pgproto3.BackendMessage
+	}{
+		{"select1", append([]pgproto3.BackendMessage{textColumn, row(1)}, end...)},
+		{"rows100", append(rows100, end...)},
+		{"row20k", append([]pgproto3.BackendMessage{textColumn, row(20 << 10)}, end...)},
+	}
+	query := &pgproto3.Query{String: "select 1"}
+	for _, reply := range replies {
+		raw := encode(b, reply.msgs...)
+		for _, impl := range []string{"pgconn", "wire"} {
+			b.Run("Reply="+reply.name+"/Impl="+impl, func(b *testing.B) {
+				var c net.Conn = &replayConn{reply: raw}
+				if impl == "wire" {
+					c = wire.New(c, wire.Options{Ready: true, Grace: time.Second})
+				}
+				fe := pgproto3.NewFrontend(c, c)
+				b.SetBytes(int64(len(raw)))
+				b.ReportAllocs()
+				for b.Loop() {
+					fe.Send(query)
+					if err := fe.Flush(); err != nil {
+						b.Fatal(err)
+					}
+					for {
+						m, err := fe.Receive()
+						if err != nil {
+							b.Fatal(err)
+						}
+						if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+							break
+						}
+					}
+				}
+			})
+		}
+	}
+}
