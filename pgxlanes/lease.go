@@ -217,12 +217,23 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		p.guard.Unwatch(&l.guard)
 	}
 	if how == endReturn {
+		// The common case, in one lock of the wire.Conn: no drain under way, so the interrupt is
+		// dropped and the defaults are staged for whoever comes next.
 		cleaning := &p.lanes[l.rt.lane].counts.cleaning
 		cleaning.Add(1)
-		if l.w.OnClean(l) {
+		draining, fit := l.w.Finish(l)
+		if draining {
 			return nil // Cleaned ends the lease when the drain does
 		}
 		cleaning.Add(-1)
+		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
+		if !fit {
+			l.closeConn()
+		}
+		l.pc.Release() // pgxpool destroys a connection that is closed, busy or in a transaction
+		l.done()
+		l.recycle()
+		return nil
 	}
 	if how != endHijack && how != endTerminated {
 		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
@@ -230,11 +241,11 @@ func (l *lease) end(how endHow) *pgx.Conn {
 	var hijacked *pgx.Conn
 	l.w.ClearInterrupt()
 	switch how {
-	case endReturn, endCleaned:
+	case endCleaned:
 		switch {
 		case l.w.Broken() || l.w.Failed():
 			l.closeConn()
-		case how == endCleaned && l.conn.PgConn().TxStatus() != 'I':
+		case l.conn.PgConn().TxStatus() != 'I':
 			// A transaction whose statement was interrupted: roll it back here, on the drain's
 			// goroutine, so that the session is kept.
 			ctx, cancel := context.WithTimeout(context.Background(), p.config.CancelGrace)
@@ -259,7 +270,17 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		l.pc.Hijack()
 		l.srv.open.Add(-1)
 	}
-	srv := l.srv
+	l.done()
+	if how != endTerminated {
+		l.recycle()
+	}
+	return hijacked
+}
+
+// done is the end's last part, once the connection is back or gone: the registry, the counts, the
+// slot, the learner and the observers.
+func (l *lease) done() {
+	p, srv := l.p, l.srv
 	if l.registered {
 		srv.holders.remove(l)
 	} else {
@@ -279,10 +300,6 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		p.obs.release(ReleaseEvent{Lane: l.rt.lane, Tag: l.rt.tag, Hold: hold, PID: l.pid, Budget: l.budget,
 			Flagged: flagged, CallSite: l.callSite.String()})
 	}
-	if how != endTerminated {
-		l.recycle()
-	}
-	return hijacked
 }
 
 // Cleaned is the drain's callback (wire.Cleaner): releasing -> ended, once the connection is clean.
