@@ -65,7 +65,7 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 // a pgxpool connection, prepare the lease. Its one deferred report feeds the lane's counters, the
 // observers and an AcquireTracer, whatever the outcome.
 func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string) (l *lease, err error) {
-	start := time.Now()
+	start := monoNow()
 	rt, err := p.route(ctx, def, sql)
 	if p.tracer != nil {
 		ctx = p.tracer.TraceAcquireStart(ctx, p.tracedPool(rt), pgxpool.TraceAcquireStartData{})
@@ -125,7 +125,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	// lease starts now, and the wait is what came before.
 	acquired := start
 	if waited || fslot >= 0 || rt.probation || !idle {
-		acquired = time.Now()
+		acquired = monoNow()
 	}
 	return p.newLease(pc, slot, rt, kind, sql, fslot, acquired), nil
 }

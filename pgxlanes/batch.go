@@ -50,15 +50,15 @@ func (p *Pool) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 			hidden = len(sets)
 		}
 	}
+	gen := l.gen()
 	if err := flushForExecBatch(ctx, l); err != nil {
 		err = l.fail(err)
-		l.release()
+		l.release(gen)
 		return pgx.FailedBatchResults(b, err)
 	}
-	br := &leaseBatch{br: l.conn.SendBatch(ctx, b), l: l, hidden: hidden}
+	br := &leaseBatch{br: l.conn.SendBatch(ctx, b), l: l, gen: gen, hidden: hidden}
 	if tx := br.br.Tx(); tx != nil {
-		l.tx = leaseTx{t: tx, l: l, release: true}
-		br.tx = &l.tx
+		br.tx = l.newTx(tx, true)
 	} else {
 		br.release = true
 	}

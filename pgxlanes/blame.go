@@ -98,10 +98,19 @@ func (h *holders) remove(l *lease) {
 	h.mu.Unlock()
 }
 
-func (h *holders) get(pid uint32) *lease {
+// status describes the registered lease of backend pid, if any, as of now. It reads the lease
+// under the registry's lock: a lease leaves the registry before it can be reused.
+func (h *holders) status(pid uint32, now time.Time) (LeaseStatus, bool) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.byPID[pid]
+	l := h.byPID[pid]
+	if l == nil {
+		h.mu.Unlock()
+		return LeaseStatus{}, false
+	}
+	ls, site := l.status(now)
+	h.mu.Unlock()
+	ls.CallSite = site.String()
+	return ls, true
 }
 
 // lockHolderSQL lists the oldest transactions of this database, other than the one that timed out,
@@ -165,11 +174,11 @@ func (p *Pool) blameLockTimeout(l *lease) {
 		for i, h := range hs {
 			g := []any{slog.Uint64("pid", uint64(h.pid)), slog.String("state", h.state),
 				slog.Duration("xact_age", time.Duration(h.age*float64(time.Second))), slog.String("tables", h.tables)}
-			if m := srv.holders.get(h.pid); m != nil {
-				g = append(g, slog.String("lane", m.rt.lane.String()), slog.String("tag", m.rt.tag),
-					slog.Duration("held", time.Since(m.acquired)))
-				if cs := m.callSite.String(); cs != "" {
-					g = append(g, slog.String("call_site", cs))
+			if m, ok := srv.holders.status(h.pid, time.Now()); ok {
+				g = append(g, slog.String("lane", m.Lane.String()), slog.String("tag", m.Tag),
+					slog.Duration("held", m.Age))
+				if m.CallSite != "" {
+					g = append(g, slog.String("call_site", m.CallSite))
 				}
 			} else if srv.holders.short.has(h.pid) {
 				g = append(g, slog.String("lane", Short.String()))

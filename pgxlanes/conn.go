@@ -13,51 +13,53 @@ import (
 // *BudgetError (errors.Is(err, ErrBudgetExceeded)). After Release its calls, and those of rows
 // and transactions taken from it, fail with ErrReleased and never reach the connection.
 type Conn struct {
-	l *lease
+	l    *lease
+	gen  uint64 // the hold of l this Conn is
+	lane Lane
 }
 
 // Release returns the connection to the pool and its slot to the lane. It is safe to call more
 // than once. A connection that is closed, busy or inside a transaction is destroyed, not reused.
-func (c *Conn) Release() { c.l.release() }
+func (c *Conn) Release() { c.l.release(c.gen) }
 
 // Hijack takes the connection out of the pool: the caller owns and must close it. The lane slot
 // is freed at once, and the session is back at its defaults before its next statement. It panics
 // if the connection was already released or hijacked, as pgxpool's does.
-func (c *Conn) Hijack() *pgx.Conn { return c.l.hijack() }
+func (c *Conn) Hijack() *pgx.Conn { return c.l.hijack(c.gen) }
 
 // Lane returns the lane the connection was acquired on.
-func (c *Conn) Lane() Lane { return c.l.rt.lane }
+func (c *Conn) Lane() Lane { return c.lane }
 
 func (c *Conn) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error) {
-	return run(c.l, c.l.check(), func() (pgconn.CommandTag, error) { return c.l.conn.Exec(ctx, sql, arguments...) })
+	return run(c.l, c.l.check(c.gen), func() (pgconn.CommandTag, error) { return c.l.conn.Exec(ctx, sql, arguments...) })
 }
 
 func (c *Conn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := c.l.check(); err != nil {
+	if err := c.l.check(c.gen); err != nil {
 		return errRows{err: err}, err
 	}
 	return queryOn(c.l, c.l.conn.Query, ctx, sql, args)
 }
 
 func (c *Conn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := c.l.check(); err != nil {
+	if err := c.l.check(c.gen); err != nil {
 		return errRow{err: err}
 	}
-	return &leaseRow{r: c.l.conn.QueryRow(ctx, sql, args...), l: c.l}
+	return c.l.newRow(c.l.conn.QueryRow(ctx, sql, args...), false)
 }
 
 func (c *Conn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := c.l.check(); err != nil {
+	if err := c.l.check(c.gen); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
 	if err := flushForExecBatch(ctx, c.l); err != nil {
 		return pgx.FailedBatchResults(b, c.l.fail(err))
 	}
-	return &leaseBatch{br: c.l.conn.SendBatch(ctx, b), l: c.l}
+	return &leaseBatch{br: c.l.conn.SendBatch(ctx, b), l: c.l, gen: c.gen}
 }
 
 func (c *Conn) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNames []string, rowSrc pgx.CopyFromSource) (int64, error) {
-	return run(c.l, c.l.check(), func() (int64, error) { return c.l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc) })
+	return run(c.l, c.l.check(c.gen), func() (int64, error) { return c.l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc) })
 }
 
 // Begin starts a transaction on the held connection, under the lane's timeouts. Ending the
@@ -69,22 +71,22 @@ func (c *Conn) Begin(ctx context.Context) (pgx.Tx, error) {
 // BeginTx is Begin with options. The transaction's calls fail with a *BudgetError once the guard
 // acted on the connection, as the connection's own calls do.
 func (c *Conn) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error) {
-	t, err := run(c.l, c.l.check(), func() (pgx.Tx, error) { return c.l.conn.BeginTx(ctx, txOptions) })
+	t, err := run(c.l, c.l.check(c.gen), func() (pgx.Tx, error) { return c.l.conn.BeginTx(ctx, txOptions) })
 	if err != nil {
 		return nil, err
 	}
-	return &leaseTx{t: t, l: c.l}, nil
+	return c.l.newTx(t, false), nil
 }
 
 func (c *Conn) Ping(ctx context.Context) error {
-	_, err := run(c.l, c.l.check(), func() (struct{}, error) { return struct{}{}, c.l.conn.Ping(ctx) })
+	_, err := run(c.l, c.l.check(c.gen), func() (struct{}, error) { return struct{}{}, c.l.conn.Ping(ctx) })
 	return err
 }
 
 // Conn returns the underlying *pgx.Conn. It stays owned by the pool. It panics after Release,
 // when the connection may serve another caller.
 func (c *Conn) Conn() *pgx.Conn {
-	if c.l.released() {
+	if c.l.stale(c.gen) {
 		panic("pgxlanes: Conn.Conn called after Release or Hijack")
 	}
 	return c.l.conn

@@ -36,7 +36,25 @@ const (
 // hijack, the guard's terminate, the end of a drain) passes through end, the one function that
 // touches the reserve, the pool's counts, the lock-holder registry, the learner and the
 // observers.
+//
+// A lease is reused once its hold is over (slab.go): mu, st and the wrapper slabs outlive a
+// hold; hold is zeroed. Each hold has a generation (in st); a wrapper keeps the generation of its
+// hold and checks it (stale) before it touches anything else, and so does every late action of
+// the guard (ActGen), so that neither reaches a later hold.
 type lease struct {
+	// mu orders the owner's transitions against the guard's (leasestate.go); it is never held
+	// across network I/O. st is the state word: written under mu, read without it.
+	mu sync.Mutex
+	st atomic.Uint64
+
+	hold
+
+	// wrappers: the wrappers handed to callers, taken by the holder alone (slab.go).
+	wrappers wrappers
+}
+
+// hold is a lease's state for one hold, zeroed when the lease is reused.
+type hold struct {
 	p    *Pool
 	srv  *server // the server of the lease's lane
 	pc   *pgxpool.Conn
@@ -49,16 +67,13 @@ type lease struct {
 	fleetSlot int32
 	pid       uint32
 	kind      callKind
+	// watched: the guard watches the lease (it has a budget or a mark); registered: it is in
+	// srv.holders (a Tx or Long lease).
+	watched, registered bool
 
 	acquired time.Time     // the connection was ready
 	budget   time.Duration // the lease's budget; 0 for none
 	action   Action        // what happens past it
-
-	// The wrapper handed to the caller lives inside the lease, to spare an allocation per call.
-	rows leaseRows
-	row  leaseRow
-	tx   leaseTx
-	held Conn
 
 	guard    txguard.Lease
 	callSite callSite
@@ -66,10 +81,6 @@ type lease struct {
 	// active; the wrappers then fail the lease's calls with it.
 	violation atomic.Pointer[BudgetError]
 
-	// mu orders the owner's transitions against the guard's (leasestate.go); it is never held
-	// across network I/O. st is the state word: written under mu, read without it.
-	mu sync.Mutex
-	st atomic.Uint32
 	// committed is closed when a COMMIT in flight returns; made by a terminate that waits for
 	// it. Guarded by mu.
 	committed chan struct{}
@@ -107,15 +118,18 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	}
 	l.acquired = acquired // before the registry publishes the lease: Status and blame read it
 	if rt.lane != Short {
+		l.registered = true
 		srv.holders.add(l) // after every field the lock-holder lookup reads is written
 	} else {
 		srv.holders.short.add(l.pid)
 	}
-	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action)}
+	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action), Gen: l.gen()}
 	if rt.learn {
 		l.sql = sql
 		l.guard.Mark = p.config.Short.SlowThreshold
 	}
+	// Set before Watch: once watched, the guard may act (and end the lease) at once.
+	l.watched = l.guard.Budget > 0 || l.guard.Mark > 0
 	p.guard.Watch(&l.guard)
 	return l
 }
@@ -130,13 +144,19 @@ func (l *lease) txLocal() string {
 	return l.srv.sql.local(set.cfg, l.budget)
 }
 
-// release ends the lease and returns its connection to pgxpool, or closes it if it is not fit
-// for reuse. It is safe to call more than once; only the first call does anything.
-func (l *lease) release() { l.close(endReturn) }
+// release ends hold gen of the lease and returns its connection to pgxpool, or closes it if it
+// is not fit for reuse. It is safe to call more than once, and after the lease was reused: only
+// the first call for a hold does anything.
+func (l *lease) release(gen uint64) { l.close(gen, endReturn) }
 
-// close is the owner's end of the lease (see the table in leasestate.go).
-func (l *lease) close(how endHow) {
+// close is the owner's end of hold gen (see the table in leasestate.go). It does nothing if that
+// hold is already over.
+func (l *lease) close(gen uint64, how endHow) {
 	l.mu.Lock()
+	if l.gen() != gen {
+		l.mu.Unlock()
+		return
+	}
 	switch l.phase() {
 	case phActive, phCommitting:
 		l.setLocked(phReleasing)
@@ -148,8 +168,10 @@ func (l *lease) close(how endHow) {
 		l.setLocked(phAbandoned)
 		l.mu.Unlock()
 	case phTerminated:
+		// The guard ended the lease and is done with it: the owner was the last to hold it.
 		l.setLocked(phEnded)
 		l.mu.Unlock()
+		l.recycle()
 	default:
 		l.mu.Unlock()
 	}
@@ -159,21 +181,26 @@ func (l *lease) close(how endHow) {
 // back at the defaults before its next statement. During or after a terminate by the guard it
 // hands over the connection as it is, being killed or dead, for the caller to close; the slot is
 // freed by the guard once its verdict is in, not before.
-func (l *lease) hijack() *pgx.Conn {
+func (l *lease) hijack(gen uint64) *pgx.Conn {
 	l.mu.Lock()
-	switch l.phase() {
-	case phActive, phCommitting:
-		l.setLocked(phEnded)
-		l.mu.Unlock()
-		return l.end(endHijack)
-	case phTerminating:
-		l.setLocked(phAbandoned)
-		l.mu.Unlock()
-		return l.conn
-	case phTerminated:
-		l.setLocked(phEnded)
-		l.mu.Unlock()
-		return l.conn
+	if l.gen() == gen {
+		switch l.phase() {
+		case phActive, phCommitting:
+			l.setLocked(phEnded)
+			l.mu.Unlock()
+			return l.end(endHijack)
+		case phTerminating:
+			l.setLocked(phAbandoned)
+			conn := l.conn
+			l.mu.Unlock()
+			return conn
+		case phTerminated:
+			l.setLocked(phEnded)
+			conn := l.conn
+			l.mu.Unlock()
+			l.recycle()
+			return conn
+		}
 	}
 	l.mu.Unlock()
 	panic("pgxlanes: cannot hijack a connection already released or hijacked")
@@ -181,16 +208,32 @@ func (l *lease) hijack() *pgx.Conn {
 
 // end is the one exit of a lease. A connection whose interrupted request is still being
 // cleaned stays leased, its slot held, until the drain ends; the drain then calls end again.
+// Once it is over, the lease is reused (recycle), but after a terminate: the guard's goroutine
+// decides then who holds it last (terminate).
 func (l *lease) end(how endHow) *pgx.Conn {
 	p := l.p
-	p.guard.Unwatch(&l.guard)
+	if l.watched {
+		l.watched = false
+		p.guard.Unwatch(&l.guard)
+	}
 	if how == endReturn {
+		// The common case, in one lock of the wire.Conn: no drain under way, so the interrupt is
+		// dropped and the defaults are staged for whoever comes next.
 		cleaning := &p.lanes[l.rt.lane].counts.cleaning
 		cleaning.Add(1)
-		if l.w.OnClean(l) {
+		draining, fit := l.w.Finish(l)
+		if draining {
 			return nil // Cleaned ends the lease when the drain does
 		}
 		cleaning.Add(-1)
+		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
+		if !fit {
+			l.closeConn()
+		}
+		l.pc.Release() // pgxpool destroys a connection that is closed, busy or in a transaction
+		l.done()
+		l.recycle()
+		return nil
 	}
 	if how != endHijack && how != endTerminated {
 		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
@@ -198,11 +241,11 @@ func (l *lease) end(how endHow) *pgx.Conn {
 	var hijacked *pgx.Conn
 	l.w.ClearInterrupt()
 	switch how {
-	case endReturn, endCleaned:
+	case endCleaned:
 		switch {
 		case l.w.Broken() || l.w.Failed():
 			l.closeConn()
-		case how == endCleaned && l.conn.PgConn().TxStatus() != 'I':
+		case l.conn.PgConn().TxStatus() != 'I':
 			// A transaction whose statement was interrupted: roll it back here, on the drain's
 			// goroutine, so that the session is kept.
 			ctx, cancel := context.WithTimeout(context.Background(), p.config.CancelGrace)
@@ -227,8 +270,18 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		l.pc.Hijack()
 		l.srv.open.Add(-1)
 	}
-	srv := l.srv
-	if l.rt.lane != Short {
+	l.done()
+	if how != endTerminated {
+		l.recycle()
+	}
+	return hijacked
+}
+
+// done is the end's last part, once the connection is back or gone: the registry, the counts, the
+// slot, the learner and the observers.
+func (l *lease) done() {
+	p, srv := l.p, l.srv
+	if l.registered {
 		srv.holders.remove(l)
 	} else {
 		srv.holders.short.remove(l.pid)
@@ -247,7 +300,6 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		p.obs.release(ReleaseEvent{Lane: l.rt.lane, Tag: l.rt.tag, Hold: hold, PID: l.pid, Budget: l.budget,
 			Flagged: flagged, CallSite: l.callSite.String()})
 	}
-	return hijacked
 }
 
 // Cleaned is the drain's callback (wire.Cleaner): releasing -> ended, once the connection is clean.
@@ -270,7 +322,8 @@ func (l *lease) closeConn() {
 }
 
 // run is how a wrapper makes a call on its lease: refuse it if the lease is released or the guard
-// acted (refuse is the wrapper's check), make it, and turn its error into the caller's (fail).
+// acted (refuse is the wrapper's check, made first), make it, and turn its error into the
+// caller's (fail).
 func run[T any](l *lease, refuse error, call func() (T, error)) (T, error) {
 	if refuse != nil {
 		var zero T
@@ -280,10 +333,11 @@ func run[T any](l *lease, refuse error, call func() (T, error)) (T, error) {
 	return v, l.fail(err)
 }
 
-// check is called by every wrapper before it touches the connection: a released lease never
-// reaches its connection again, and one the guard acted on fails at once.
-func (l *lease) check() error {
-	if l.released() {
+// check is called by every wrapper of hold gen before it touches the connection: a released
+// lease never reaches its connection again, nor a later hold of it, and one the guard acted on
+// fails at once.
+func (l *lease) check(gen uint64) error {
+	if l.stale(gen) {
 		return ErrReleased
 	}
 	if v := l.violation.Load(); v != nil {

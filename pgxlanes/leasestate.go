@@ -2,7 +2,9 @@ package pgxlanes
 
 import "time"
 
-// The lease's life is one state word, lease.st: a phase in the low bits and two flags above. Every
+// The lease's life is one state word, lease.st: a phase in the low bits, two flags above, and the
+// lease's generation in the high bits (see slab.go: a lease is reused, and every hold of it has a
+// generation of its own, which its wrappers keep and check). Every
 // change of phase is made under lease.mu by one of the functions below (but releasing -> ended,
 // which nothing else can race), every write is a compare-and-swap, and the wrappers read the
 // word without the lock (check). The transitions, and who makes them:
@@ -41,6 +43,9 @@ const (
 	// learner was told that its statement ran past the slow threshold.
 	fFlagged = 1 << 8
 	fOverran = 1 << 9
+	// genShift: the generation is st >> genShift, 48 bits: a wrapper kept past its hold would
+	// have to outlive 2^48 reuses of its lease to be taken for a later hold's.
+	genShift = 16
 )
 
 var phaseNames = [...]string{"active", "committing", "terminating", "abandoned", "terminated", "releasing", "ended"}
@@ -61,14 +66,17 @@ const commitWait = time.Second
 func (l *lease) phase() leasePhase { return leasePhase(l.st.Load() & phaseMask) }
 
 // has reports whether flag f is set. It needs no lock.
-func (l *lease) has(f uint32) bool { return l.st.Load()&f != 0 }
+func (l *lease) has(f uint64) bool { return l.st.Load()&f != 0 }
+
+// gen returns the lease's generation: that of its current hold. It needs no lock.
+func (l *lease) gen() uint64 { return l.st.Load() >> genShift }
 
 // setLocked moves the lease to phase p, keeping its flags. Caller must hold l.mu, except for
 // releasing -> ended, which only the owner's path makes (end).
 func (l *lease) setLocked(p leasePhase) {
 	for {
 		s := l.st.Load()
-		if l.st.CompareAndSwap(s, s&^phaseMask|uint32(p)) {
+		if l.st.CompareAndSwap(s, s&^phaseMask|uint64(p)) {
 			return
 		}
 	}
@@ -76,7 +84,7 @@ func (l *lease) setLocked(p leasePhase) {
 
 // mark sets flag f and reports whether it was clear before. It needs no lock: every write of
 // the word is a compare-and-swap.
-func (l *lease) mark(f uint32) bool {
+func (l *lease) mark(f uint64) bool {
 	for {
 		s := l.st.Load()
 		if s&f != 0 {
@@ -89,12 +97,23 @@ func (l *lease) mark(f uint32) bool {
 }
 
 // released reports whether the owner released or hijacked the lease: its wrappers refuse calls.
-func (l *lease) released() bool {
-	switch l.phase() {
+// Only the lease's own code (its acquire, the guard) asks it; a wrapper asks stale.
+func (l *lease) released() bool { return releasedPhase(leasePhase(l.st.Load() & phaseMask)) }
+
+func releasedPhase(p leasePhase) bool {
+	switch p {
 	case phAbandoned, phReleasing, phEnded:
 		return true
 	}
 	return false
+}
+
+// stale reports whether a wrapper of hold gen may no longer reach the lease: its owner released
+// or hijacked it, or the lease was reused since (one atomic load). Until the owner releases it,
+// a lease is not reused, so an owner that found it fresh may use its fields until it releases.
+func (l *lease) stale(gen uint64) bool {
+	s := l.st.Load()
+	return s>>genShift != gen || releasedPhase(leasePhase(s&phaseMask))
 }
 
 // terminating reports whether the guard is terminating the lease's session.

@@ -300,7 +300,7 @@ func (p *Pool) Exec(ctx context.Context, sql string, arguments ...any) (pgconn.C
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	defer l.release()
+	defer l.release(l.gen())
 	ct, err := l.conn.Exec(ctx, sql, arguments...)
 	return ct, l.fail(err)
 }
@@ -316,11 +316,10 @@ func (p *Pool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, er
 	rows, err := l.conn.Query(ctx, sql, args...)
 	if err != nil {
 		err = l.fail(err)
-		l.release()
+		l.release(l.gen())
 		return errRows{err: err}, err
 	}
-	l.rows = leaseRows{Rows: rows, l: l, release: true}
-	return &l.rows, nil
+	return l.newRows(rows, true), nil
 }
 
 // QueryRow runs sql like Exec. Errors are deferred to Row.Scan, which also releases the
@@ -330,8 +329,7 @@ func (p *Pool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err != nil {
 		return errRow{err: err}
 	}
-	l.row = leaseRow{r: l.conn.QueryRow(ctx, sql, args...), l: l, release: true}
-	return &l.row
+	return l.newRow(l.conn.QueryRow(ctx, sql, args...), true)
 }
 
 // Begin starts a transaction on a connection of the Tx lane (or the lane ctx names). The
@@ -356,11 +354,10 @@ func (p *Pool) BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, er
 	l.w.After("")
 	if err != nil {
 		err = l.fail(err)
-		l.release()
+		l.release(l.gen())
 		return nil, err
 	}
-	l.tx = leaseTx{t: t, l: l, release: true}
-	return &l.tx, nil
+	return l.newTx(t, true), nil
 }
 
 // CopyFrom runs COPY FROM on a connection of the Tx lane (or the lane ctx names): a bulk load
@@ -370,7 +367,7 @@ func (p *Pool) CopyFrom(ctx context.Context, tableName pgx.Identifier, columnNam
 	if err != nil {
 		return 0, err
 	}
-	defer l.release()
+	defer l.release(l.gen())
 	n, err := l.conn.CopyFrom(ctx, tableName, columnNames, rowSrc)
 	return n, l.fail(err)
 }
@@ -381,7 +378,7 @@ func (p *Pool) Ping(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer l.release()
+	defer l.release(l.gen())
 	return l.fail(l.conn.Ping(ctx))
 }
 
@@ -394,8 +391,7 @@ func (p *Pool) Acquire(ctx context.Context) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	l.held = Conn{l: l}
-	return &l.held, nil
+	return l.newConn(), nil
 }
 
 // AcquireFunc acquires a connection as Acquire does, calls f with it, and releases it when f
@@ -425,8 +421,7 @@ func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
 			pc.Release()
 			continue
 		}
-		l.held = Conn{l: l}
-		conns = append(conns, &l.held)
+		conns = append(conns, l.newConn())
 	}
 	return conns
 }

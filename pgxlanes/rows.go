@@ -32,6 +32,7 @@ func (e errRow) Scan(dest ...any) error { return e.err }
 type leaseRows struct {
 	pgx.Rows
 	l       *lease
+	gen     uint64 // the hold the rows belong to
 	release bool
 	closed  bool
 	err     error // the settled error, once closed; ErrReleased for rows of a released lease
@@ -40,7 +41,7 @@ type leaseRows struct {
 // gone reports whether the rows belong to a lease its owner released: the connection may serve
 // someone else, so the rows must not touch it.
 func (r *leaseRows) gone() bool {
-	if !r.release && !r.closed && r.l.released() {
+	if !r.release && !r.closed && r.l.stale(r.gen) {
 		r.closed, r.err = true, ErrReleased
 		return true
 	}
@@ -55,7 +56,7 @@ func (r *leaseRows) Close() {
 	r.Rows.Close()
 	r.err = r.l.fail(r.Rows.Err())
 	if r.release {
-		r.l.release()
+		r.l.release(r.gen)
 	}
 }
 
@@ -80,7 +81,7 @@ func (r *leaseRows) Next() bool {
 // stale reports whether the rows belong to a lease that was released: they must not reach its
 // connection, which may serve another caller, however often they are asked.
 func (r *leaseRows) stale() bool {
-	if r.release || !r.l.released() {
+	if r.release || !r.l.stale(r.gen) {
 		return false
 	}
 	r.gone()
@@ -110,24 +111,29 @@ func (r *leaseRows) Values() ([]any, error) {
 }
 
 func (r *leaseRows) Conn() *pgx.Conn {
-	if r.l.released() {
+	if r.l.stale(r.gen) {
 		return nil
 	}
 	return r.Rows.Conn()
 }
 
 // leaseRow is the row of a QueryRow on a lease. A pool QueryRow's row (release) gives the lease
-// back when Scan returns, or panics, after settling its error.
+// back when Scan returns, or panics, after settling its error; a second Scan gets pgx's own
+// answer for its closed row, and leaves the lease alone.
 type leaseRow struct {
 	r       pgx.Row
 	l       *lease
+	gen     uint64 // the hold the row belongs to
 	release bool
 }
 
 func (row *leaseRow) Scan(dest ...any) (err error) {
 	if row.release {
-		defer row.l.release()
-	} else if err := row.l.check(); err != nil {
+		if row.l.stale(row.gen) {
+			return row.r.Scan(dest...)
+		}
+		defer row.l.release(row.gen)
+	} else if err := row.l.check(row.gen); err != nil {
 		return err
 	}
 	return row.l.fail(row.r.Scan(dest...))
@@ -139,6 +145,7 @@ func (row *leaseRow) Scan(dest ...any) (err error) {
 type leaseBatch struct {
 	br      pgx.BatchResults
 	l       *lease
+	gen     uint64   // the hold the batch belongs to
 	release bool     // Close releases l
 	tx      *leaseTx // the pool batch's transaction, or nil
 	heldTx  *leaseTx // a held connection's or transaction's batch's transaction, made by Tx
@@ -154,8 +161,11 @@ type leaseBatch struct {
 // next skips the hidden results when the caller's next read would get them. Their errors are
 // dropped: pgx gives the caller's own read the batch's error, and that read must be made anyway,
 // since in some exec modes each failed read still takes its query's turn.
+// A batch whose hold is over (a held connection released, a transaction ended) refuses to read:
+// its connection may serve someone else. One already closed gets pgx's own answer, which does
+// not touch the connection.
 func (br *leaseBatch) next() error {
-	if !br.release && br.tx == nil && br.l.released() {
+	if br.l.stale(br.gen) {
 		return ErrReleased
 	}
 	if br.reads == 1 {
@@ -168,6 +178,9 @@ func (br *leaseBatch) next() error {
 }
 
 func (br *leaseBatch) Exec() (pgconn.CommandTag, error) {
+	if br.closed {
+		return br.br.Exec()
+	}
 	if err := br.next(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -176,6 +189,9 @@ func (br *leaseBatch) Exec() (pgconn.CommandTag, error) {
 }
 
 func (br *leaseBatch) Query() (pgx.Rows, error) {
+	if br.closed {
+		return br.br.Query()
+	}
 	if err := br.next(); err != nil {
 		return errRows{err: err}, err
 	}
@@ -184,14 +200,17 @@ func (br *leaseBatch) Query() (pgx.Rows, error) {
 		err = br.l.fail(err)
 		return errRows{err: err}, err
 	}
-	return &leaseRows{Rows: rows, l: br.l}, nil
+	return br.l.newRows(rows, false), nil
 }
 
 func (br *leaseBatch) QueryRow() pgx.Row {
+	if br.closed {
+		return br.br.QueryRow()
+	}
 	if err := br.next(); err != nil {
 		return errRow{err: err}
 	}
-	return &leaseRow{r: br.br.QueryRow(), l: br.l}
+	return br.l.newRow(br.br.QueryRow(), false)
 }
 
 func (br *leaseBatch) Close() error {
@@ -199,13 +218,13 @@ func (br *leaseBatch) Close() error {
 		return br.err
 	}
 	br.closed = true
-	if !br.release && br.tx == nil && br.l.released() {
+	if br.l.stale(br.gen) {
 		br.err = ErrReleased
 		return br.err
 	}
 	br.err = br.l.fail(br.br.Close())
 	if br.release {
-		br.l.release()
+		br.l.release(br.gen)
 	}
 	return br.err
 }
@@ -221,7 +240,12 @@ func (br *leaseBatch) Tx() pgx.Tx {
 		if t == nil {
 			return nil
 		}
-		br.heldTx = &leaseTx{t: t, l: br.l}
+		if br.l.stale(br.gen) {
+			// Its calls refuse (ErrReleased); the lease's slabs are its new holder's.
+			br.heldTx = &leaseTx{t: t, l: br.l, gen: br.gen}
+		} else {
+			br.heldTx = br.l.newTx(t, false)
+		}
 	}
 	return br.heldTx
 }

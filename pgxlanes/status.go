@@ -162,25 +162,28 @@ func (p *Pool) Status() Status {
 		s.Lanes = append(s.Lanes, st.Lane(l))
 	}
 
-	// The registry is copied under its lock; call sites are resolved after, outside it.
+	// The registry is copied under its lock (a lease leaves it before it can be reused); call
+	// sites are resolved after, outside it.
 	type held struct {
-		l    *lease
-		from time.Time
+		ls   LeaseStatus
+		site callSite
 	}
 	var all []held
 	for _, srv := range p.servers {
 		srv.holders.mu.Lock()
 		for _, l := range srv.holders.byPID {
-			all = append(all, held{l: l, from: l.acquired})
+			ls, site := l.status(s.Taken)
+			all = append(all, held{ls, site})
 		}
 		srv.holders.mu.Unlock()
 	}
 	s.HeldLeases = len(all)
-	slices.SortFunc(all, func(a, b held) int { return a.from.Compare(b.from) })
+	slices.SortFunc(all, func(a, b held) int { return cmp.Compare(b.ls.Age, a.ls.Age) })
 	all = all[:min(len(all), StatusMaxLeases)]
 	s.Leases = make([]LeaseStatus, 0, len(all))
 	for _, h := range all {
-		s.Leases = append(s.Leases, h.l.status(s.Taken))
+		h.ls.CallSite = h.site.String()
+		s.Leases = append(s.Leases, h.ls)
 	}
 
 	p.status.mu.Lock()
@@ -191,10 +194,12 @@ func (p *Pool) Status() Status {
 	return s
 }
 
-// status describes the lease as of now. Its fields are set before it is registered, or atomic.
-func (l *lease) status(now time.Time) LeaseStatus {
+// status describes the registered lease as of now, but its call site, returned for the caller to
+// resolve. Its fields are set before it is registered, or atomic. Caller must hold the registry's
+// lock (srv.holders.mu): a lease leaves the registry before it can be reused.
+func (l *lease) status(now time.Time) (LeaseStatus, callSite) {
 	ls := LeaseStatus{Lane: l.rt.lane, Tag: l.rt.tag, PID: l.pid, Age: now.Sub(l.acquired), Budget: l.budget,
-		Action: l.action, Flagged: l.has(fFlagged), CallSite: l.callSite.String()}
+		Action: l.action, Flagged: l.has(fFlagged)}
 	switch l.kind {
 	case kindTx:
 		ls.Kind = "transaction"
@@ -211,7 +216,7 @@ func (l *lease) status(now time.Time) LeaseStatus {
 	} else if l.terminating() {
 		ls.Violation = ActionTerminate.String()
 	}
-	return ls
+	return ls, l.callSite
 }
 
 // lockWaitsSQL lists the sessions of this database waiting for a lock, each with a session that
@@ -265,12 +270,10 @@ func (p *Pool) LockWaits(ctx context.Context) ([]LockWait, error) {
 	for _, r := range rows {
 		w := LockWait{Waiter: uint32(r.waiter), Waited: seconds(r.waited), Holder: uint32(r.holder),
 			HolderState: r.state, HolderXactAge: seconds(r.xactAge)}
-		if l := srv.holders.get(w.Waiter); l != nil {
-			ls := l.status(now)
+		if ls, ok := srv.holders.status(w.Waiter, now); ok {
 			w.WaiterLease = &ls
 		}
-		if l := srv.holders.get(w.Holder); l != nil {
-			ls := l.status(now)
+		if ls, ok := srv.holders.status(w.Holder, now); ok {
 			w.HolderLease = &ls
 		}
 		out = append(out, w)

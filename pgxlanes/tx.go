@@ -16,19 +16,37 @@ import (
 type leaseTx struct {
 	t       pgx.Tx
 	l       *lease
+	gen     uint64 // the hold the transaction belongs to
 	release bool
+	// violated: the guard had acted on the lease when this transaction released it, or when its
+	// Rollback saw it: a later Rollback returns nil, as the first did.
+	violated bool
 }
 
 // check refuses a call after the lease ended: for a transaction of the pool's, as pgx does after
 // Commit or Rollback (ErrTxClosed); for one of a held connection, with ErrReleased.
 func (tx *leaseTx) check() error {
-	if tx.l.released() {
-		if tx.release {
-			return pgx.ErrTxClosed
-		}
-		return ErrReleased
+	if tx.l.stale(tx.gen) {
+		return tx.closedErr()
 	}
-	return tx.l.check()
+	return tx.l.check(tx.gen)
+}
+
+// closedErr is the error of a call made after the transaction's hold is over.
+func (tx *leaseTx) closedErr() error {
+	if tx.release {
+		return pgx.ErrTxClosed
+	}
+	return ErrReleased
+}
+
+// releaseLease ends the hold of a transaction of the pool's, noting first whether the guard acted
+// on it (the lease is not read after its release).
+func (tx *leaseTx) releaseLease() {
+	if tx.l.violation.Load() != nil {
+		tx.violated = true
+	}
+	tx.l.release(tx.gen)
 }
 
 // Begin starts a pseudo nested transaction (a savepoint) on the same lease.
@@ -37,7 +55,7 @@ func (tx *leaseTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &leaseTx{t: t, l: tx.l}, nil
+	return tx.l.newTx(t, false), nil
 }
 
 // ErrCommitOutcomeUnknown is wrapped by the error of a Commit whose connection was lost, or
@@ -57,11 +75,11 @@ var ErrCommitOutcomeUnknown = errors.New("pgxlanes: connection lost during COMMI
 //   - an error wrapping ErrCommitOutcomeUnknown when the connection was lost after the COMMIT was
 //     sent.
 func (tx *leaseTx) Commit(ctx context.Context) error {
-	if err := tx.check(); err != nil {
-		if v := tx.l.violation.Load(); v != nil && !tx.l.released() {
-			return tx.abandon(ctx, v)
-		}
-		return err
+	if tx.l.stale(tx.gen) {
+		return tx.closedErr()
+	}
+	if v := tx.l.violation.Load(); v != nil {
+		return tx.abandon(ctx, v)
 	}
 	if tx.l.w.Draining() {
 		return tx.abandon(ctx, pgx.ErrTxCommitRollback)
@@ -78,7 +96,7 @@ func (tx *leaseTx) Commit(ctx context.Context) error {
 		err = tx.commitError(err, terminated)
 	}
 	if tx.release {
-		tx.l.release()
+		tx.releaseLease()
 	}
 	return err
 }
@@ -132,7 +150,7 @@ func (tx *leaseTx) abandon(ctx context.Context, err error) error {
 		_ = tx.t.Rollback(ctx) // a held connection's transaction: roll back what the owner began
 		return err
 	}
-	tx.l.release()
+	tx.releaseLease()
 	return err
 }
 
@@ -140,31 +158,33 @@ func (tx *leaseTx) abandon(ctx context.Context, err error) error {
 // guard acted on the transaction, or while an interrupted statement of it is being cleaned up, it
 // returns nil at once: the server has rolled back or will.
 func (tx *leaseTx) Rollback(ctx context.Context) error {
+	if tx.violated {
+		return nil
+	}
+	if tx.l.stale(tx.gen) {
+		return tx.closedErr()
+	}
 	if tx.l.violation.Load() != nil {
+		tx.violated = true
 		if tx.release {
-			tx.l.release()
-		} else if !tx.l.released() {
+			tx.releaseLease()
+		} else {
 			_ = tx.t.Rollback(ctx)
 		}
 		return nil
 	}
-	if tx.l.released() {
-		if tx.release {
-			return pgx.ErrTxClosed
-		}
-		return ErrReleased
-	}
 	if tx.release && tx.l.w.Draining() {
-		tx.l.release()
+		tx.releaseLease()
 		return nil
 	}
 	err := tx.t.Rollback(ctx)
 	err = tx.l.fail(err)
-	if tx.release {
-		tx.l.release()
-	}
 	if tx.l.violation.Load() != nil {
-		return nil // the guard acted meanwhile: the server has rolled back or will
+		tx.violated = true
+		err = nil // the guard acted meanwhile: the server has rolled back or will
+	}
+	if tx.release {
+		tx.releaseLease()
 	}
 	return err
 }
@@ -177,14 +197,14 @@ func (tx *leaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	if err := tx.check(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return &leaseBatch{br: tx.t.SendBatch(ctx, b), l: tx.l}
+	return &leaseBatch{br: tx.t.SendBatch(ctx, b), l: tx.l, gen: tx.gen}
 }
 
 // LargeObjects returns the transaction's large objects. It panics once the lease ended, when the
 // connection may serve another caller, as Conn does. pgx.LargeObjects is pgx's own type and calls
 // the connection directly: do not keep one past the end of its transaction.
 func (tx *leaseTx) LargeObjects() pgx.LargeObjects {
-	if tx.l.released() {
+	if tx.l.stale(tx.gen) {
 		panic("pgxlanes: Tx.LargeObjects called after the transaction's connection was released")
 	}
 	return tx.t.LargeObjects()
@@ -209,24 +229,25 @@ func (tx *leaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 	if err := tx.check(); err != nil {
 		return errRow{err: err}
 	}
-	return &leaseRow{r: tx.t.QueryRow(ctx, sql, args...), l: tx.l}
+	return tx.l.newRow(tx.t.QueryRow(ctx, sql, args...), false)
 }
 
 // Conn returns the underlying *pgx.Conn. It panics once the lease ended, when the connection
 // may serve another caller.
 func (tx *leaseTx) Conn() *pgx.Conn {
-	if tx.l.released() {
+	if tx.l.stale(tx.gen) {
 		panic("pgxlanes: Tx.Conn called after the transaction's connection was released")
 	}
 	return tx.t.Conn()
 }
 
-// queryOn runs a query of a transaction or held connection; its rows leave the lease to its owner.
+// queryOn runs a query of a transaction or held connection, whose wrapper found the lease's hold
+// current; its rows leave the lease to its owner.
 func queryOn(l *lease, f func(context.Context, string, ...any) (pgx.Rows, error), ctx context.Context, sql string, args []any) (pgx.Rows, error) {
 	rows, err := f(ctx, sql, args...)
 	if err != nil {
 		err = l.fail(err)
 		return errRows{err: err}, err
 	}
-	return &leaseRows{Rows: rows, l: l}, nil
+	return l.newRows(rows, false), nil
 }

@@ -60,6 +60,15 @@ type Owner interface {
 	Act(a Action, elapsed time.Duration)
 }
 
+// GenOwner is an Owner that reuses its Lease for one hold after another. The guard calls ActGen
+// instead of Act, with the Gen the Lease had when the step came due, so that an action decided
+// for an earlier hold, and carried out after that hold ended and the Lease was watched again,
+// can be told apart and dropped. ActGen runs where Act would.
+type GenOwner interface {
+	Owner
+	ActGen(gen uint64, a Action, elapsed time.Duration)
+}
+
 // Lease is one watched hold. The owner fills Owner, Start, Budget and Action before Watch and
 // does not change them while watched. Keep it inside the owner's own struct: Watch allocates
 // nothing.
@@ -69,6 +78,8 @@ type Lease struct {
 	Budget time.Duration // 0 or less: no budget ladder
 	Action Action        // the ladder: Flag, Cancel or Terminate
 	Mark   time.Duration // > 0: a Mark is due at Start + Mark
+	// Gen tells one hold of a reused Lease from another: a GenOwner's ActGen gets it back.
+	Gen uint64
 
 	// Guarded by Guard.mu.
 	index int       // position in the heap, -1 when not watched
@@ -178,8 +189,9 @@ func New() *Guard {
 	return g
 }
 
-// Watch starts watching l. A lease with no budget and no mark is not watched. Watching a lease
-// twice without Unwatch panics: it is a bug in the owner.
+// Watch starts watching l. A lease with no budget and no mark is not watched: Watch takes no
+// lock for it, and its owner need not call Unwatch. Watching a lease twice without Unwatch
+// panics: it is a bug in the owner.
 func (g *Guard) Watch(l *Lease) {
 	l.plan()
 	if l.n == 0 || l.Owner == nil {
@@ -240,8 +252,18 @@ func (g *Guard) armLocked(t time.Time) {
 
 type due struct {
 	owner   Owner
+	gen     uint64
 	action  Action
 	elapsed time.Duration
+}
+
+// act carries out d on its owner.
+func (d due) act() {
+	if o, ok := d.owner.(GenOwner); ok {
+		o.ActGen(d.gen, d.action, d.elapsed)
+		return
+	}
+	d.owner.Act(d.action, d.elapsed)
 }
 
 func (g *Guard) run() {
@@ -257,13 +279,13 @@ func (g *Guard) run() {
 		batch = g.collect(batch[:0], time.Now())
 		for _, d := range batch {
 			if d.action == Flag || d.action == Mark {
-				d.owner.Act(d.action, d.elapsed)
+				d.act()
 				continue
 			}
 			g.acts.Add(1)
 			go func() {
 				defer g.acts.Done()
-				d.owner.Act(d.action, d.elapsed)
+				d.act()
 			}()
 		}
 	}
@@ -277,7 +299,7 @@ func (g *Guard) collect(batch []due, now time.Time) []due {
 	g.timerAt = time.Time{}
 	for len(g.h) > 0 && !g.h[0].at.After(now) {
 		l := g.h[0]
-		batch = append(batch, due{l.Owner, l.steps[l.next].action, now.Sub(l.Start)})
+		batch = append(batch, due{l.Owner, l.Gen, l.steps[l.next].action, now.Sub(l.Start)})
 		l.next++
 		if l.next < l.n {
 			l.at = l.due(l.steps[l.next].after)

@@ -242,3 +242,41 @@ func TestMark(t *testing.T) {
 		})
 	}
 }
+
+// genRecorder is a GenOwner: it records the Gen of each action.
+type genRecorder struct {
+	mu   sync.Mutex
+	gens []uint64
+}
+
+func (r *genRecorder) Act(Action, time.Duration) { panic("the guard calls ActGen on a GenOwner") }
+
+func (r *genRecorder) ActGen(gen uint64, _ Action, _ time.Duration) {
+	r.mu.Lock()
+	r.gens = append(r.gens, gen)
+	r.mu.Unlock()
+}
+
+// A GenOwner gets back the Gen its Lease had when the step came due, not the one it has when the
+// action runs: an action decided for one hold of a reused Lease names that hold.
+func TestGenOwnerGetsTheHoldsGen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New()
+		defer g.Close()
+		r := &genRecorder{}
+		l := &Lease{Owner: r, Start: time.Now(), Budget: 10 * time.Second, Action: Flag, Gen: 7}
+		g.Watch(l)
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		g.Unwatch(l)
+		l.Gen, l.Start = 8, time.Now() // reused for the next hold
+		g.Watch(l)
+		time.Sleep(11 * time.Second)
+		synctest.Wait()
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if fmt.Sprint(r.gens) != "[7 8]" {
+			t.Fatalf("gens %v, want [7 8]", r.gens)
+		}
+	})
+}
