@@ -82,7 +82,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 		}
 		defer func() {
 			if err != nil && rt.probation {
-				p.prob.release()
+				p.prob.release(rt.key)
 			}
 		}()
 	}
