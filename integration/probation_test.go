@@ -27,16 +27,22 @@ type openLoop struct {
 	// window, if set, splits the lookups: those due in [slowAt, slowAt+window) are also kept in
 	// openLoopResult.window (the learning window), the later ones in after.
 	window time.Duration
+	// spawn, if set, issues each lookup in a goroutine of its own (as a server does per
+	// request), so that a lookup that waits delays no later one: calls keep arriving.
+	spawn bool
+	// lookupTimeout, if set, is each lookup's deadline (a request's).
+	lookupTimeout time.Duration
 }
 
 type openLoopResult struct {
-	lookups  latencies // every lookup due from slowAt on, the learning window included
-	window   latencies // those due in the learning window (openLoop.window)
-	after    latencies // those due after it
-	failed   atomic.Int64
-	firstErr atomic.Pointer[error]
-	slowDone atomic.Int64
-	slowErr  atomic.Int64
+	lookups     latencies    // every lookup due from slowAt on, the learning window included
+	window      latencies    // those due in the learning window (openLoop.window)
+	after       latencies    // those due after it
+	failedAfter atomic.Int64 // failed lookups due after the learning window
+	failed      atomic.Int64
+	firstErr    atomic.Pointer[error]
+	slowDone    atomic.Int64
+	slowErr     atomic.Int64
 }
 
 func (o openLoop) run(ctx context.Context, p rowQuerier) *openLoopResult {
@@ -50,24 +56,40 @@ func (o openLoop) run(ctx context.Context, p rowQuerier) *openLoopResult {
 		wg.Go(func() {
 			for due := start.Add(time.Duration(i) * o.every / time.Duration(o.lookups)); due.Before(end); due = due.Add(o.every) {
 				time.Sleep(time.Until(due))
-				err := p.QueryRow(ctx, "select v from items where id = $1", 1+(i*7+int(due.UnixNano()/int64(time.Millisecond)))%100).Scan(new(int))
-				if due.Sub(start) < o.slowAt {
-					continue
-				}
-				if err != nil {
-					if r.failed.Add(1) == 1 {
-						r.firstErr.Store(&err)
+				lookup := func() {
+					lctx := ctx
+					if o.lookupTimeout > 0 {
+						var cancel context.CancelFunc
+						lctx, cancel = context.WithTimeout(ctx, o.lookupTimeout)
+						defer cancel()
 					}
-					continue
-				}
-				d := time.Since(due)
-				r.lookups.add(d)
-				if o.window > 0 {
-					if due.Sub(start) < o.slowAt+o.window {
-						r.window.add(d)
-					} else {
-						r.after.add(d)
+					err := p.QueryRow(lctx, "select v from items where id = $1", 1+(i*7+int(due.UnixNano()/int64(time.Millisecond)))%100).Scan(new(int))
+					if due.Sub(start) < o.slowAt {
+						return
 					}
+					if err != nil {
+						if r.failed.Add(1) == 1 {
+							r.firstErr.Store(&err)
+						}
+						if o.window > 0 && due.Sub(start) >= o.slowAt+o.window {
+							r.failedAfter.Add(1)
+						}
+						return
+					}
+					d := time.Since(due)
+					r.lookups.add(d)
+					if o.window > 0 {
+						if due.Sub(start) < o.slowAt+o.window {
+							r.window.add(d)
+						} else {
+							r.after.add(d)
+						}
+					}
+				}
+				if o.spawn {
+					wg.Go(lookup)
+				} else {
+					lookup()
 				}
 			}
 		})
