@@ -97,7 +97,7 @@ func TestRelativeRuleBlockedLane(t *testing.T) {
 		tab := newRel(t)
 		lookup, locked := tab.Key("select v from items where id = $1"), tab.Key("update items set v = v + 1 where id = $1")
 		play(tab, lookup, "ffff")
-		play(tab, locked, "ff") // proven fast; 6 runs in all: too few to compare
+		play(tab, locked, "ff")  // proven fast; 6 runs in all: too few to compare
 		arrive(tab, lookup, 400) // the lookups' calls wait and time out: no runs
 		arrive(tab, locked, 8)
 		changes, _ := play(tab, locked, "OOO") // three of its runs pass the threshold
