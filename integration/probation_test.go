@@ -145,11 +145,12 @@ func (e *eventRecorder) count(sql string, demoted bool) (n int, first time.Time)
 
 // TestProbationStorm: a pool of 8 with the default lane settings; 8 lookup clients, open loop,
 // one lookup due every 5 ms each; after 1 s, 12 clients start an unannotated `select pg_sleep(1.5)`
-// the pool has never seen. Probation keeps the new statement out of a reserve's worth of Short
-// until its first overrun demotes it (about the 1 s threshold): no lookup fails over the whole window,
-// the learning window included. Five runs, each on a new pool; the lookup p99 against the idle
-// p99 of the same pool is logged per run and as a median with its range (the goal is 1.5×; the
-// assertion is generous: the machine is shared).
+// the pool has never seen. Probation holds the new statement to one of Short's connections (half
+// its reserve) until its first overrun demotes it (about the 1 s threshold): no lookup fails over
+// the whole window, the learning window included. Five runs, each on a new pool; the lookup p99
+// against the idle p99 of the same pool (warm) is logged per run, with the learning window's p99
+// apart, and as a median with its range (the goal is 1.5×; the assertion is generous: the machine
+// is shared).
 func TestProbationStorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("five 5 s storms")

@@ -99,6 +99,15 @@ func (pr *probation) grant() {
 	}
 }
 
+// enqueue adds a waiter for k at the end of the list. Caller holds mu.
+func (pr *probation) enqueue(k stmtstats.Key) (*probeWaiter, *list.Element) {
+	w := &probeWaiter{key: k, ready: make(chan struct{})}
+	e := pr.waiters.PushBack(w)
+	pr.byKey[k]++
+	pr.waiting.Add(1)
+	return w, e
+}
+
 // remove takes e off the list and closes its ready. Caller holds mu.
 func (pr *probation) remove(e *list.Element) {
 	w := pr.waiters.Remove(e).(*probeWaiter)
@@ -163,10 +172,7 @@ func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
 			pr.mu.Unlock()
 			return ErrLaneFull
 		}
-		w := &probeWaiter{key: rt.key, ready: make(chan struct{})}
-		e := pr.waiters.PushBack(w)
-		pr.byKey[rt.key]++
-		pr.waiting.Add(1)
+		w, e := pr.enqueue(rt.key)
 		pr.mu.Unlock()
 
 		if timeout == nil {
