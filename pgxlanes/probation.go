@@ -145,8 +145,9 @@ func (pr *probation) inUse() int {
 }
 
 // probe admits an unproven statement to Short: it takes a token; or, if the statement is demoted
-// while it waits, sends the call to Long's capacity (rt.lane = Long, rt.probation = false); or,
-// if it is proven meanwhile, lets it go without one (rt.probation = false). ctx and Short's acquire timeout (from start) bound the
+// while it waits, or Short's acquire timeout comes while its own statement's runs still hold
+// every token it may take, sends the call to Long's capacity (rt.lane = Long, rt.probation =
+// false); or, if it is proven meanwhile, lets it go without one (rt.probation = false). ctx and Short's acquire timeout (from start) bound the
 // wait; the queue is bounded by Short's MaxWaiters. The token is held until the lease ends
 // (learned gives it back).
 func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
@@ -201,7 +202,15 @@ func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
 			default:
 				pr.remove(e)
 			}
+			// Held back by its own statement's runs for the whole acquire timeout: they are
+			// most likely slow, and about to be learned as such. Long's capacity, as a demoted
+			// statement's caller, rather than an error.
+			own := err == ErrAcquireTimeout && pr.byStmt[rt.key] >= pr.perStmt
 			pr.mu.Unlock()
+			if own {
+				rt.lane, rt.probation = Long, false
+				return nil
+			}
 			return err
 		}
 		if w.granted {
