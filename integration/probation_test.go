@@ -230,15 +230,21 @@ func shortPeak(p *pgxlanes.Pool, stop <-chan struct{}) (*atomic.Int32, *sync.Wai
 // record is not capped.
 func TestProbationCap(t *testing.T) {
 	bg := context.Background()
-	p := newLanes(t, newDB(t, 1), "pool_max_conns=16&lane_short_reserved=4&lane_short_max_conns=12&lane_short_slow_threshold=100ms")
+	dsn := newDB(t, 1)
+	const params = "pool_max_conns=16&lane_short_reserved=4&lane_short_max_conns=12&lane_short_slow_threshold=100ms"
 	const capacity, perStmt = 8, 2 // Short's cap less its reserve; half its reserve
-	ls := p.Stat().Learning()
-	require.Equal(t, capacity, ls.Probation)
-	require.Equal(t, perStmt, ls.ProbationPerStatement)
-	// Probation applies once the pool has a proven statement whose reserve it keeps.
-	require.NoError(t, p.QueryRow(bg, "select 1").Scan(new(any)))
-
-	run := func(n int, sql func(i int) string) (peak int32, longAcquires int64) {
+	// Each case on a pool of its own: the slow runs of one case would let the relative rule find
+	// the next case's statement as slow as the lane, which proves it (TestRelativeRule).
+	newPool := func() *pgxlanes.Pool {
+		p := newLanes(t, dsn, params)
+		ls := p.Stat().Learning()
+		require.Equal(t, capacity, ls.Probation)
+		require.Equal(t, perStmt, ls.ProbationPerStatement)
+		// Probation applies once the pool has a proven statement whose reserve it keeps.
+		require.NoError(t, p.QueryRow(bg, "select 1").Scan(new(any)))
+		return p
+	}
+	run := func(p *pgxlanes.Pool, n int, sql func(i int) string) (peak int32, longAcquires int64) {
 		longBefore := p.Stat().Lane(pgxlanes.Long).Acquires
 		stop := make(chan struct{})
 		pk, sampler := shortPeak(p, stop)
@@ -253,13 +259,14 @@ func TestProbationCap(t *testing.T) {
 	}
 
 	// Twelve new statements at once, one caller each: eight run, four wait for a token.
-	peak, long := run(12, func(i int) string { return fmt.Sprintf("select pg_sleep(0.2) as c%d", i) })
+	peak, long := run(newPool(), 12, func(i int) string { return fmt.Sprintf("select pg_sleep(0.2) as c%d", i) })
 	assert.Equal(t, int32(capacity), peak, "unproven statements held at most Short's cap less its reserve, and used it")
 	assert.Zero(t, long, "a caller waiting for the cap in all is not sent away")
 
 	// Six callers of one new statement: two run at a time (0.6 s in all, within Short's acquire
 	// timeout).
-	peak, long = run(6, func(int) string { return "select pg_sleep(0.2) as one_statement" })
+	p := newPool()
+	peak, long = run(p, 6, func(int) string { return "select pg_sleep(0.2) as one_statement" })
 	assert.Equal(t, int32(perStmt), peak, "one unproven statement held at most half of Short's reserve")
 	assert.Zero(t, long)
 
@@ -268,7 +275,7 @@ func TestProbationCap(t *testing.T) {
 	// capacity: 12 at once.
 	require.Zero(t, p.Stat().Learning().Demoted)
 	require.NoError(t, p.QueryRow(bg, "select pg_sleep(0) as proven").Scan(new(any)))
-	peak, long = run(12, func(int) string { return "select pg_sleep(0.2) as proven" })
+	peak, long = run(p, 12, func(int) string { return "select pg_sleep(0.2) as proven" })
 	assert.Equal(t, int32(12), peak, "a proven statement takes Short's capacity")
 	assert.Zero(t, long)
 }
