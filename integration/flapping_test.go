@@ -147,9 +147,11 @@ func TestLockWaitHoldingShortIsLearned(t *testing.T) {
 		lockFor, demotions, at.Sub(lockedAt).Round(time.Millisecond), n, fmtDur(late), got.failedAfter.Load(),
 		got.failed.Load()-got.failedAfter.Load(), got.slowDone.Load(), got.slowErr.Load(), p.Stat().Learning(), loadavg())
 	require.Equal(t, 1, demotions, "the update holding Short was learned as slow")
-	assert.Less(t, at.Sub(lockedAt), 3*time.Second, "within a few thresholds")
-	// Generous (shared machine): 1,520 are due from 3 s on; without the learner's arrivals, 8
-	// were served and 3,032 failed (at 1,600 a second).
+	// At its first overruns, about the threshold after the lock (without the arrivals: 2.0 s in,
+	// at the next window, or never).
+	assert.Less(t, at.Sub(lockedAt), 1500*time.Millisecond, "at its first overruns")
+	// Generous (shared machine): 1,520 are due from 3 s on; without the learner's arrivals, at
+	// 1,600 a second with a 200 ms deadline, 8 were served and 3,032 failed.
 	assert.Greater(t, n, 300, "lookups served from 3 s on, the lock still held")
 	assert.Less(t, got.failedAfter.Load(), int64(n/10), "fewer than 10 % of them failed")
 }
