@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -89,6 +90,68 @@ func TestSaturationDoesNotFlap(t *testing.T) {
 		t.Logf("event %v at %v", e, rec.at[i].Sub(end.Add(-d)).Round(time.Millisecond))
 	}
 	rec.mu.Unlock()
+	assert.Zero(t, demotions, "select 1 is most of what Short is asked for: never the slow one")
 	assert.Zero(t, promotions)
 	assert.LessOrEqual(t, lines.Load(), int64(d/time.Second)+1, "at most one log line a second")
+}
+
+// TestLockWaitHoldingShortIsLearned: a statement proven fast, the most frequent one, turns slow
+// on a lock wait (another session holds its row for 5 s): its callers retry on every lock timeout
+// and take Short's connections as they free, while the lookups (requests with a 300 ms deadline)
+// leave Short's queue before a connection frees. Short then ends fewer runs a window than the
+// relative rule needs to compare (a lookup that gave up is not a run). The learner judges it by
+// the calls that keep arriving (Arrive): the update is not what Short is asked for most, and it
+// is most of the slow runs, so its fraction decides: it is demoted, and the lookups get Short
+// back while the lock still holds.
+func TestLockWaitHoldingShortIsLearned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 5 s lock wait")
+	}
+	bg := context.Background()
+	dsn := newDB(t, 100)
+	p := newLanes(t, dsn, "pool_max_conns=8&pool_min_conns=8")
+	rec := &eventRecorder{}
+	p.AddObserver(rec)
+	const upd = "update items set v = v + 1 where id = 1 returning v"
+	// Before the lock, the update is Short's most frequent statement, and fast.
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range 40 {
+				assert.NoError(t, p.QueryRow(bg, upd).Scan(new(int)))
+			}
+		})
+	}
+	wg.Wait()
+
+	locker, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer locker.Close(bg)
+	tx, err := locker.Begin(bg)
+	require.NoError(t, err)
+	require.NoError(t, tx.QueryRow(bg, "select v from items where id = 1 for update").Scan(new(int)))
+	lockedAt := time.Now()
+	const lockFor = 5 * time.Second
+	committed := make(chan error, 1)
+	time.AfterFunc(lockFor, func() { committed <- tx.Commit(bg) })
+
+	// The update's 16 callers go on (retrying on lock timeouts); lookups, 800 a second, each in
+	// its own goroutine with a 300 ms deadline.
+	cfg := openLoop{lookups: 8, every: 10 * time.Millisecond, slow: 16, d: lockFor - 100*time.Millisecond,
+		window: 3 * time.Second, spawn: true, lookupTimeout: 300 * time.Millisecond, slowSQL: func(int) string { return upd }}
+	got := cfg.run(bg, p)
+	require.NoError(t, <-committed)
+	demotions, at := rec.count("update items set v = v + ? where id = ? returning v", true)
+	late, n := got.after.quantile(0.99)
+	t.Logf("lock held %v: update demoted %d times, %v after the lock; lookups from 3 s on (the lock still held): %d served, p99 %v, %d failed; %d failed before; updates %d done, %d failed; learner %+v; loadavg %s",
+		lockFor, demotions, at.Sub(lockedAt).Round(time.Millisecond), n, fmtDur(late), got.failedAfter.Load(),
+		got.failed.Load()-got.failedAfter.Load(), got.slowDone.Load(), got.slowErr.Load(), p.Stat().Learning(), loadavg())
+	require.Equal(t, 1, demotions, "the update holding Short was learned as slow")
+	// At its first overruns, about the threshold after the lock (without the arrivals: 2.0 s in,
+	// at the next window, or never).
+	assert.Less(t, at.Sub(lockedAt), 1500*time.Millisecond, "at its first overruns")
+	// Generous (shared machine): 1,520 are due from 3 s on; without the learner's arrivals, at
+	// 1,600 a second with a 200 ms deadline, 8 were served and 3,032 failed.
+	assert.Greater(t, n, 300, "lookups served from 3 s on, the lock still held")
+	assert.Less(t, got.failedAfter.Load(), int64(n/10), "fewer than 10 % of them failed")
 }

@@ -45,7 +45,7 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 	}
 	if def == Short && p.learn != nil && sql != "" {
 		r.key, r.learn = p.learn.Key(sql), true
-		switch p.learn.Classify(r.key) {
+		switch p.learn.Arrive(r.key) { // counts the call for the relative rule (stmtstats.Table.Arrive)
 		case stmtstats.Slow:
 			r.lane = Long
 		case stmtstats.Unproven:
@@ -82,7 +82,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 		}
 		defer func() {
 			if err != nil && rt.probation {
-				p.prob.release()
+				p.prob.release(rt.key)
 			}
 		}()
 	}

@@ -40,7 +40,7 @@ func (p *Pool) newLearner(cfg *Config) error {
 		return fmt.Errorf("pgxlanes: short lane: SlowThreshold (lane_short_slow_threshold): %w", err)
 	}
 	sc := &p.lanes[Short].cfg
-	p.prob = newProbation(probationSize(sc.MaxConns, sc.Reserved))
+	p.prob = newProbation(probationSize(sc.MaxConns, sc.Reserved), probationPerStatement(sc.MaxConns, sc.Reserved))
 	return nil
 }
 
@@ -49,9 +49,9 @@ func (p *Pool) newLearner(cfg *Config) error {
 // once, and queues the rest on the reporter, which runs reports in order off every caller's and
 // the guard's goroutine. Observers see every change, in order; the log at most once per
 // logInterval, with the number of changes it left out since its last line.
-func (p *Pool) onChange(_ stmtstats.Key, c stmtstats.Change, sql string) {
+func (p *Pool) onChange(k stmtstats.Key, c stmtstats.Change, sql string) {
 	if c == stmtstats.Demoted && p.prob != nil {
-		p.prob.wake()
+		p.prob.settle(k)
 	}
 	e := StatementEvent{SQL: stmtstats.Fold(sql, 80), Demoted: c == stmtstats.Demoted}
 	p.servers[0].term.report(func() { p.reportLearned(e) })
@@ -79,14 +79,19 @@ func (p *Pool) reportLearned(e StatementEvent) {
 }
 
 // learned tells the learner how long the lease's statement took, and gives its probation token
-// back. end calls it once per lease that learns, after the lane slot is released.
+// back. end calls it once per lease that learns, after the lane slot is released. A run that
+// proved its statement sends the statement's probation waiters on without a token.
 func (p *Pool) learned(l *lease, d time.Duration) {
-	if l.rt.probation {
-		p.prob.release()
-	}
 	overran := l.has(fOverran)
-	if !overran && d < p.config.Short.SlowThreshold && !p.anyProven.Load() {
+	fast := !overran && d < p.config.Short.SlowThreshold
+	if fast && !p.anyProven.Load() {
 		p.anyProven.Store(true)
 	}
 	p.learn.DoneText(l.rt.key, l.sql, d, overran)
+	if l.rt.probation {
+		p.prob.release(l.rt.key)
+	}
+	if p.prob != nil && p.prob.waiting.Load() > 0 && p.learn.Classify(l.rt.key) != stmtstats.Unproven {
+		p.prob.settle(l.rt.key)
+	}
 }

@@ -122,9 +122,11 @@ type LearningStat struct {
 	Tracked    int           // statements the pool keeps figures for (bounded)
 	Proven     int           // of Tracked, statements with a fast run on record, not demoted
 	// Probation is the number of Short slots that statements with no fast run on record may hold
-	// at once (Short's cap less its reserve, at least 1); ProbationInUse those held now.
-	Probation      int
-	ProbationInUse int
+	// at once (Short's cap less its reserve, at least 1), ProbationPerStatement the number one
+	// such statement may hold (half of Short's reserve, at least 1); ProbationInUse those held now.
+	Probation             int
+	ProbationPerStatement int
+	ProbationInUse        int
 }
 
 // Stat returns a snapshot of the pool's statistics.
@@ -161,7 +163,7 @@ func (p *Pool) Stat() *Stat {
 		ls := p.learn.Stat()
 		st.learn = LearningStat{Threshold: p.config.Short.SlowThreshold, Demoted: ls.Demoted,
 			Demotions: int64(ls.Demotions), Promotions: int64(ls.Promotions), Tracked: ls.Tracked, Proven: ls.Proven,
-			Probation: cap(p.prob.tokens), ProbationInUse: len(p.prob.tokens)}
+			Probation: p.prob.n, ProbationPerStatement: p.prob.perStmt, ProbationInUse: p.prob.inUse()}
 	}
 	return st
 }

@@ -25,6 +25,17 @@ func (l table) run(sql string, d time.Duration) bool {
 	return demoted
 }
 
+// tableArrive is what the pool does per call: Arrive (Classify and the call counted for the
+// relative rule) instead of Classify.
+type tableArrive struct{ t *stmtstats.Table }
+
+func (l tableArrive) run(sql string, d time.Duration) bool {
+	k := l.t.Key(sql)
+	demoted := l.t.Arrive(k) == stmtstats.Slow
+	l.t.Done(k, d, false)
+	return demoted
+}
+
 // hashOnly is the baseline: the hash of the text, which any per-statement table pays.
 type hashOnly struct{ seed maphash.Seed }
 
@@ -47,7 +58,8 @@ func benchStatements(n int) []benchStatement {
 	return s
 }
 
-// BenchmarkClassifyObserve: Key + Demoted + Done per op, by many goroutines at once. ns/op is
+// BenchmarkClassifyObserve: Key + Demoted (or Arrive, as the pool calls it) + Done per op, by
+// many goroutines at once. ns/op is
 // wall time divided by all goroutines' ops. Statements=1 is one hot statement that every
 // goroutine runs; Statements=1024 a mix in which one statement in 16 is slow and demoted.
 // Compare with: benchstat -col /Work.
@@ -55,10 +67,10 @@ func BenchmarkClassifyObserve(b *testing.B) {
 	for _, n := range []int{1, 1024} {
 		stmts := benchStatements(n)
 		for _, g := range []int{1, 8, 64} {
-			for _, work := range []string{"HashOnly", "Table"} {
+			for _, work := range []string{"HashOnly", "Table", "TableArrive"} {
 				b.Run(fmt.Sprintf("Statements=%d/Goroutines=%d/Work=%s", n, g, work), func(b *testing.B) {
 					var l learner = hashOnly{maphash.MakeSeed()}
-					if work == "Table" {
+					if work != "HashOnly" {
 						tab := newTable(b, 0)
 						for range 3 { // learn the slow ones first: the steady state
 							for _, s := range stmts {
@@ -66,6 +78,9 @@ func BenchmarkClassifyObserve(b *testing.B) {
 							}
 						}
 						l = table{tab}
+						if work == "TableArrive" {
+							l = tableArrive{tab}
+						}
 					}
 					b.ReportAllocs()
 					b.ResetTimer()

@@ -9,9 +9,9 @@
 //
 // For every run of a statement, the caller
 //
-//  1. takes k := t.Key(sql) and asks t.Classify(k) to choose a lane: Slow (demoted), Proven (a
-//     fast run on record) or Unproven (none: the caller may hold it to a share of the lane, on
-//     probation);
+//  1. takes k := t.Key(sql) and asks t.Arrive(k) (Classify, and the call counted for the
+//     relative rule) to choose a lane: Slow (demoted), Proven (a fast run on record) or Unproven
+//     (none: the caller may hold it to a share of the lane, on probation);
 //  2. arranges for t.Overran(k) to be called once if the run is still going after
 //     t.Threshold(), for example with time.AfterFunc;
 //  3. calls t.Done(k, d, overran) when the run ends after d, where overran says whether
@@ -43,11 +43,17 @@
 //     last change is kept in the entry, in ticks of MinPeriod/8 modulo 4096 (a change exactly a
 //     multiple of 512 periods after the last one may wait one more period).
 //   - The relative rule, for demotions: the statement must be slow at least twice as often as
-//     all of the Table's runs over the last one or two windows (max(Threshold, 1s) each), there
-//     must be at least 16 such runs, and it must not be the lane's hottest statement (at least
-//     half of the last 32 sampled runs, one in 16, its own). When every statement is slow, none
-//     is demoted. A slow run held back by this rule marks the statement proven: it is as slow as
-//     the lane, not slower.
+//     all of the Table's runs over the last one or two windows (max(Threshold, 1s) each), and
+//     it must not be the lane's hottest statement (at least half of the last 16 sampled calls,
+//     one in 16, its own). The calls are those reported by Arrive, as they arrive, before they
+//     wait for a slot; a caller that reports none gets the runs instead. When every statement is
+//     slow, none is demoted. A slow run held back by this rule marks the statement proven: it is
+//     as slow as the lane, not slower.
+//   - With fewer than 16 runs in the last window or two there is nothing to compare with, and a
+//     demotion is held back, unless the lane is blocked by the statement: at least 16 calls
+//     arrived (Arrive) in that time, it is not the hottest, and it is at least half of the last
+//     16 slow runs (a statement that turned slow on a lock wait and holds the lane's slots while
+//     the other statements' calls give up, which are not runs). Its fraction then decides.
 //
 // Why a fraction of slow runs and not a mean or percentile of durations: the lane cares only
 // whether a run holds a short slot past the threshold, which is a yes or no; and a fraction

@@ -79,6 +79,76 @@ func TestRelativeRule(t *testing.T) {
 	})
 }
 
+// When few runs end because one statement holds the lane's slots (a lock wait) while the other
+// statements' calls keep arriving and time out, the statement is judged by its fraction; a
+// saturated lane's hottest statement, a quiet lane, or a stall of every statement are not.
+func TestRelativeRuleBlockedLane(t *testing.T) {
+	newRel := func(t *testing.T) *stmtstats.Table {
+		tab, err := stmtstats.New(stmtstats.Config{Threshold: threshold, MinPeriod: -1})
+		require.NoError(t, err)
+		return tab
+	}
+	arrive := func(tab *stmtstats.Table, k stmtstats.Key, n int) {
+		for range n {
+			tab.Arrive(k)
+		}
+	}
+	t.Run("a proven statement that holds the lane while lookups wait: demoted", func(t *testing.T) {
+		tab := newRel(t)
+		lookup, locked := tab.Key("select v from items where id = $1"), tab.Key("update items set v = v + 1 where id = $1")
+		play(tab, lookup, "ffff")
+		play(tab, locked, "ff")  // proven fast; 6 runs in all: too few to compare
+		arrive(tab, lookup, 400) // the lookups' calls wait and time out: no runs
+		arrive(tab, locked, 8)
+		changes, _ := play(tab, locked, "OOO") // three of its runs pass the threshold
+		assert.Equal(t, []string{"2:demoted"}, changes)
+	})
+	t.Run("the same without arrivals reported: held back (too few runs)", func(t *testing.T) {
+		tab := newRel(t)
+		lookup, locked := tab.Key("select v from items where id = $1"), tab.Key("update items set v = v + 1 where id = $1")
+		play(tab, lookup, "ffff")
+		play(tab, locked, "ff")
+		changes, _ := play(tab, locked, "OOOOOOOO")
+		assert.Empty(t, changes)
+	})
+	t.Run("a saturated start: the lane's only statement, slow, is never demoted", func(t *testing.T) {
+		tab := newRel(t)
+		k := tab.Key("select 1")
+		play(tab, k, "f")
+		for range 50 {
+			arrive(tab, k, 400)
+			c, _ := play(tab, k, "OOOOOOOO")
+			require.Empty(t, c)
+		}
+	})
+	t.Run("a quiet lane: held back", func(t *testing.T) {
+		tab := newRel(t)
+		lookup, report := tab.Key("select v from items where id = $1"), tab.Key("select count(*) from items")
+		play(tab, lookup, "ff")
+		play(tab, report, "f")
+		arrive(tab, lookup, 10)
+		changes, _ := play(tab, report, "OOOO")
+		assert.Empty(t, changes)
+	})
+	t.Run("a stall of every statement: none demoted", func(t *testing.T) {
+		tab := newRel(t)
+		var keys []stmtstats.Key
+		for i := range 10 {
+			k := tab.Key(fmt.Sprintf("select c%d from t where id = $1", i))
+			keys = append(keys, k)
+			play(tab, k, "f")
+		}
+		for range 5 {
+			for _, k := range keys {
+				arrive(tab, k, 40)
+				c, _ := play(tab, k, "O")
+				require.Empty(t, c)
+			}
+		}
+		assert.Zero(t, tab.Stat().Demotions)
+	})
+}
+
 func strings100(s string) string {
 	b := make([]byte, 0, 100*len(s))
 	for range 100 {

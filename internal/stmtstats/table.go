@@ -140,10 +140,19 @@ type Table struct {
 	runs, slowRuns atomic.Uint64
 	// sample holds the keys (| 1, so that none is 0) of one run in sampleEvery, the last
 	// len(sample) of them: which statements Short runs most.
-	sample               [16]atomic.Uint64
-	winStart             atomic.Int64 // ns since epoch when the current window began
-	prevRuns, prevSlow   atomic.Uint64
-	curRuns, curSlow     atomic.Uint64
+	sample             [16]atomic.Uint64
+	winStart           atomic.Int64 // ns since epoch when the current window began
+	prevRuns, prevSlow atomic.Uint64
+	curRuns, curSlow   atomic.Uint64
+	// arrivals counts the calls reported by Arrive: every call, whether it ran or waited or timed
+	// out, so that a lane whose slots one statement holds is not mistaken for an idle one.
+	// prevArr and curArr are its marks at the windows' starts (moved by roll, as the others).
+	// arrSample holds the keys (| 1) of one arrival in sampleEvery, the last len of them: which
+	// statements the lane is asked for most; slowSample those of the last slow runs.
+	arrivals             atomic.Uint64
+	prevArr, curArr      atomic.Uint64
+	arrSample            [16]atomic.Uint64
+	slowSample           [16]atomic.Uint64
 	minRunsForRelative   uint64
 	relativeDisabledTest bool // export_test.go: the rule off, for tests of the fraction alone
 
@@ -234,6 +243,20 @@ func (t *Table) Classify(k Key) Class {
 	return Unproven
 }
 
+// Arrive records a call of the statement in the lane, before it waits for a slot, and returns
+// Classify(k). A caller that reports every call with Arrive lets the relative rule judge a lane
+// whose runs have stopped because one statement holds its slots (see relative); one that does
+// not gets the rule over completed runs alone.
+func (t *Table) Arrive(k Key) Class {
+	if t == nil {
+		return Proven
+	}
+	if n := t.arrivals.Add(1); n%sampleEvery == 0 {
+		t.arrSample[n/sampleEvery%uint64(len(t.arrSample))].Store(uint64(k) | 1)
+	}
+	return t.Classify(k)
+}
+
 // Demoted reports whether the statement is currently classified slow. A statement the Table
 // does not know is not demoted.
 func (t *Table) Demoted(k Key) bool { return t.Classify(k) == Slow }
@@ -269,7 +292,8 @@ func (t *Table) DoneText(k Key, sql string, d time.Duration, overran bool) Chang
 func (t *Table) observe(k Key, slow bool, sql string) Change {
 	r := t.runs.Add(1)
 	if slow {
-		t.slowRuns.Add(1)
+		n := t.slowRuns.Add(1)
+		t.slowSample[n%uint64(len(t.slowSample))].Store(uint64(k) | 1)
 	}
 	var now int64 // read lazily: a fast run of a settled statement reads no clock
 	if r%sampleEvery == 0 {
@@ -365,17 +389,18 @@ func (t *Table) asSlowAsTheLane(k Key, w uint64, slow bool) bool {
 
 // relative reports whether a statement whose fraction of slow runs is f stands out from the
 // runs of the last window or two: it is slow at least twice as often as they are, and it is not
-// the lane's hottest statement (at most half of the sampled recent runs are its own).
+// the lane's hottest statement (at most half of the sampled recent runs are its own). With too
+// few runs to compare, see blocking.
 func (t *Table) relative(k Key, f uint64) bool {
 	if t.relativeDisabledTest {
 		return true
 	}
-	if t.hot(k) {
-		return false
-	}
 	runs := t.runs.Load() - t.prevRuns.Load()
 	if runs < t.minRunsForRelative {
-		return false // too few runs to tell the statement from the rest of the lane
+		return t.blocking(k)
+	}
+	if t.hot(k) {
+		return false
 	}
 	slow := t.slowRuns.Load() - t.prevSlow.Load()
 	// g = slow/runs; demote only if f >= 2g, that is f·runs >= 2·slow·one.
@@ -429,16 +454,47 @@ func (t *Table) tickOr1() int64 { return max(t.tick, 1) }
 
 func (t *Table) now() int64 { return max(int64(time.Since(t.epoch)), 1) }
 
+// blocking reports whether a statement whose runs the lane cannot compare (fewer than minRuns
+// ran in the last window or two) is what holds the lane up: calls keep arriving (at least minRuns
+// reported by Arrive), the statement is not what they ask for most (at most half of the sampled
+// arrivals), and it is at least half of the last slow runs. That is a statement that turned slow
+// (a lock wait) and holds the lane's slots while the other statements' calls wait and time out,
+// which are not runs. A saturated lane whose hottest statement is slow is not (its calls are
+// most of the arrivals), nor a quiet lane (few arrivals), nor a stall of every statement (no
+// statement is half of the slow runs). Its fraction decides.
+func (t *Table) blocking(k Key) bool {
+	if t.arrivals.Load()-t.prevArr.Load() < t.minRunsForRelative || t.hot(k) {
+		return false
+	}
+	n, mine := share(&t.slowSample, k)
+	return n >= 3 && 2*mine >= n
+}
+
 // sampleEvery: one run in this many is sampled into Table.sample.
 const sampleEvery = 16
 
-// hot reports whether at least half of the sampled recent runs are the statement's own, or fewer
-// than four runs were sampled yet (too early to tell): moving a lane's hottest statement to
-// Long's small capacity makes an overload worse, whatever its run times.
+// hot reports whether at least half of the sampled recent calls are the statement's own, or fewer
+// than four were sampled yet (too early to tell): moving a lane's hottest statement to Long's
+// small capacity makes an overload worse, whatever its run times. The calls are the arrivals when
+// the caller reports them (Arrive): they follow what the lane is asked for even while few runs
+// end; otherwise the runs.
 func (t *Table) hot(k Key) bool {
-	n, mine := 0, 0
-	for i := range t.sample {
-		v := t.sample[i].Load()
+	if t.arrivals.Load() > 0 {
+		return hotIn(&t.arrSample, k)
+	}
+	return hotIn(&t.sample, k)
+}
+
+// hotIn is hot over a sample ring.
+func hotIn(ring *[16]atomic.Uint64, k Key) bool {
+	n, mine := share(ring, k)
+	return n < 4 || 2*mine >= n
+}
+
+// share returns the number of keys in a sample ring, and how many of them are k's.
+func share(ring *[16]atomic.Uint64, k Key) (n, mine int) {
+	for i := range ring {
+		v := ring[i].Load()
 		if v == 0 {
 			continue
 		}
@@ -447,7 +503,7 @@ func (t *Table) hot(k Key) bool {
 			mine++
 		}
 	}
-	return n < 4 || 2*mine >= n
+	return n, mine
 }
 
 // roll starts a new window when the current one is over.
@@ -460,6 +516,8 @@ func (t *Table) roll(now int64) {
 		t.prevSlow.Store(t.curSlow.Load())
 		t.curRuns.Store(t.runs.Load())
 		t.curSlow.Store(t.slowRuns.Load())
+		t.prevArr.Store(t.curArr.Load())
+		t.curArr.Store(t.arrivals.Load())
 		t.winStart.Store(now)
 	}
 	t.mu.Unlock()
