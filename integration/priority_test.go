@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -185,41 +186,36 @@ func TestPriorityHighLookupsUnderLowLoad(t *testing.T) {
 			c.f.waitVsHold = append(c.f.waitVsHold, float64(w99)/float64(max(h99, time.Microsecond)))
 		}
 
-		// The machine's share: the same load on a pool of 8, and the lookups on a pgxpool of
-		// their own (2 connections), which no queue can delay. What is left between this and
-		// idle is the CPU the load takes from the client and the server, not any pool's doing.
-		{
-			load := newPgxpool(t, dsn, "pool_max_conns=8")
-			own := newPgxpool(t, dsn, "pool_max_conns=2")
+		// pgxpoolUnderLoad runs the low load on load and the high lookups on look, both plain
+		// pgxpools, and returns the lookups' latencies.
+		pgxpoolUnderLoad := func(load, look *pgxpool.Pool) *latencies {
 			stop := time.Now().Add(duration + 300*time.Millisecond)
 			_, _, lowWG := loop(ctx, lowLoad, stop, 0, func(ctx context.Context, _ *rand.Rand) error {
 				_, err := load.Exec(ctx, lowStmt)
 				return err
 			})
 			time.Sleep(300 * time.Millisecond)
-			dedicated, _, wg := loop(ctx, 2, stop, 2*time.Millisecond, lookup(own))
+			loaded, _, wg := loop(ctx, 2, stop, 2*time.Millisecond, lookup(look))
 			wg.Wait()
 			lowWG.Wait()
-			load.Close()
-			own.Close()
-			d99, dn := dedicated.quantile(0.99)
-			t.Logf("run %d dedicated : lookups p99 %s on a pool of their own under the same load (%d lookups)", run+1, fmtDur(d99), dn)
-			require.Positive(t, dn, "no lookup completed on the dedicated pool")
-			dedicatedP99 = append(dedicatedP99, ms(d99))
-			lanesVsDedicated = append(lanesVsDedicated, with.p99[run]/max(ms(d99), 0.001))
+			return loaded
 		}
+
+		// The machine's share: the same load on a pool of 8, and the lookups on a pgxpool of
+		// their own (2 connections), which no queue can delay. What is left between this and
+		// idle is the CPU the load takes from the client and the server, not any pool's doing.
+		load, own := newPgxpool(t, dsn, "pool_max_conns=8"), newPgxpool(t, dsn, "pool_max_conns=2")
+		d99, dn := pgxpoolUnderLoad(load, own).quantile(0.99)
+		load.Close()
+		own.Close()
+		t.Logf("run %d dedicated : lookups p99 %s on a pool of their own under the same load (%d lookups)", run+1, fmtDur(d99), dn)
+		require.Positive(t, dn, "no lookup completed on the dedicated pool")
+		dedicatedP99 = append(dedicatedP99, ms(d99))
+		lanesVsDedicated = append(lanesVsDedicated, with.p99[run]/max(ms(d99), 0.001))
 
 		// Loaded, plain pgxpool of the same size: FIFO.
 		plain := newPgxpool(t, dsn, "pool_max_conns=8")
-		stop := time.Now().Add(duration + 300*time.Millisecond)
-		_, _, plainLowWG := loop(ctx, lowLoad, stop, 0, func(ctx context.Context, _ *rand.Rand) error {
-			_, err := plain.Exec(ctx, lowStmt)
-			return err
-		})
-		time.Sleep(300 * time.Millisecond)
-		plainLoaded, _, wg := loop(ctx, 2, stop, 2*time.Millisecond, lookup(plain))
-		wg.Wait()
-		plainLowWG.Wait()
+		plainLoaded := pgxpoolUnderLoad(plain, plain)
 		plain.Close()
 		cancel()
 		p99, pn := plainLoaded.quantile(0.99)
