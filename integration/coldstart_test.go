@@ -28,16 +28,8 @@ func TestColdStartSlowLink(t *testing.T) {
 	}
 	s := tlsServer(t)
 	const oneWay = 150 * time.Millisecond
-	via := func() string {
-		return slowLink(t, s.DSN(), oneWay, "pool_max_conns=4&pool_max_conn_lifetime=3s&pool_max_conn_lifetime_jitter=500ms&pool_health_check_period=500ms")
-	}
 	ctx := context.Background()
-	pp, err := pgxpool.New(ctx, via())
-	require.NoError(t, err)
-	defer pp.Close()
-	lp, err := pgxlanes.New(ctx, via())
-	require.NoError(t, err)
-	defer lp.Close()
+	pp, lp := besideOverSlowLink(t, s.DSN(), oneWay, "pool_max_conns=4&pool_max_conn_lifetime=3s&pool_max_conn_lifetime_jitter=500ms&pool_health_check_period=500ms")
 
 	type result struct {
 		ok, failed atomic.Int64
@@ -102,17 +94,9 @@ func TestExpiredIdleConnectionIsDialledNotPinged(t *testing.T) {
 		t.Skip("runs for about 10 s")
 	}
 	s := tlsServer(t)
-	via := func() string {
-		// Health checks far apart: the expired connection stays in the pool until an acquire.
-		return slowLink(t, s.DSN(), 150*time.Millisecond, "pool_max_conns=2&pool_max_conn_lifetime=2s&pool_max_conn_lifetime_jitter=0s&pool_health_check_period=1h")
-	}
 	ctx := context.Background()
-	pp, err := pgxpool.New(ctx, via())
-	require.NoError(t, err)
-	defer pp.Close()
-	lp, err := pgxlanes.New(ctx, via())
-	require.NoError(t, err)
-	defer lp.Close()
+	// Health checks far apart: the expired connection stays in the pool until an acquire.
+	pp, lp := besideOverSlowLink(t, s.DSN(), 150*time.Millisecond, "pool_max_conns=2&pool_max_conn_lifetime=2s&pool_max_conn_lifetime_jitter=0s&pool_health_check_period=1h")
 
 	for _, q := range []func(context.Context) error{
 		func(ctx context.Context) error { _, err := pp.Exec(ctx, "select 1"); return err },
@@ -122,7 +106,7 @@ func TestExpiredIdleConnectionIsDialledNotPinged(t *testing.T) {
 	}
 	time.Sleep(2500 * time.Millisecond) // both pools' one connection is now past its lifetime
 	start := time.Now()
-	_, err = pp.Exec(ctx, "select 1")
+	_, err := pp.Exec(ctx, "select 1")
 	require.NoError(t, err)
 	t.Logf("pgxpool: %v (a new connection)", time.Since(start))
 	start = time.Now()
@@ -135,6 +119,20 @@ func TestExpiredIdleConnectionIsDialledNotPinged(t *testing.T) {
 
 // slowLink returns dsn through a proxy of its own that delays each direction by oneWay, with
 // params added; the proxy closes with the test.
+// besideOverSlowLink opens a plain pgxpool and a pgxlanes pool with params, each through a
+// slowLink of its own, and closes them when the test ends.
+func besideOverSlowLink(t *testing.T, dsn string, oneWay time.Duration, params string) (*pgxpool.Pool, *pgxlanes.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	pp, err := pgxpool.New(ctx, slowLink(t, dsn, oneWay, params))
+	require.NoError(t, err)
+	t.Cleanup(pp.Close)
+	lp, err := pgxlanes.New(ctx, slowLink(t, dsn, oneWay, params))
+	require.NoError(t, err)
+	t.Cleanup(lp.Close)
+	return pp, lp
+}
+
 func slowLink(t *testing.T, dsn string, oneWay time.Duration, params string) string {
 	t.Helper()
 	u, err := url.Parse(dsn)
