@@ -1,6 +1,9 @@
 package stmtstats
 
-import "unsafe"
+import (
+	"hash/maphash"
+	"unsafe"
+)
 
 // NoRelative turns the relative rule off, for tests of the fraction alone.
 func NoRelative(t *Table) { t.relativeDisabledTest = true }
@@ -14,3 +17,6 @@ func Cached(t *Table, sql string) bool {
 	e := t.keys.slots[i].Load()
 	return e != nil && unsafe.StringData(e.sql) == unsafe.StringData(sql) && len(e.sql) == len(sql)
 }
+
+// FoldHash is the key's hash of sql with seed, before the key cache.
+func FoldHash(seed maphash.Seed, sql string) uint64 { return foldHash(seed, sql) }

@@ -1,8 +1,10 @@
 package stmtstats
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Folding: texts that differ only in literals share a key. A scanner walks the text once and
@@ -19,151 +21,282 @@ import (
 // Names, quoted names ("t1"), parameters outside a list ($1) and everything else stay as they
 // are. The key hashes the segments, the folded text is their concatenation (Fold).
 
-// segment kinds
+// What a byte may start, for the folder's loop.
 const (
-	segText  = iota // s[from:to] as it is
-	segValue        // "?"
-	segList         // "(?)"
-	segSpace        // " "
+	cPlain = iota // nothing: it stays as it is
+	cName         // a digit or $: part of a name after a name's byte, else a number or a parameter
+	cSpace        // whitespace
+	cOther        // may start a comment, a string, a number, a list or a quoted name: look closer
 )
 
-var segFixed = [...]string{segValue: "?", segList: "(?)", segSpace: " "}
+// classOf is the class of each byte, and a space is cPlain: a text with no two spaces in a row
+// (most texts) keeps its single spaces in the runs of the loop. classSpaced, for the other texts,
+// stops at every space.
+var classOf, classSpaced = func() (t, u [256]uint8) {
+	for _, c := range []byte("\t\n\r\f\v") {
+		t[c] = cSpace
+	}
+	for _, c := range []byte("-/'(\"+") {
+		t[c] = cOther
+	}
+	for c := '0'; c <= '9'; c++ {
+		t[c] = cName
+	}
+	t['$'] = cName
+	u = t
+	u[' '] = cSpace
+	return t, u
+}()
 
-type scanner struct {
-	s        string
-	i        int
-	pendSp   bool // whitespace seen since the last segment: emit " " before the next one
-	emitted  bool // a segment was emitted: whitespace before the next one counts
-	text0    int  // start of the pending verbatim run
-	prevWord bool // the byte before i is part of a name or number
+// wordByte[c] is isWord(c), as a table for the loop.
+var wordByte = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = isWord(byte(c))
+	}
+	return t
+}()
+
+// foldSink takes the folded text in pieces. For a key it fills buf and hashes it at the end (a
+// text whose fold is longer than buf is hashed as buf fills); for Fold it appends to out.
+type foldSink struct {
+	n       int
+	display bool // append to out
+	spilled bool // h has taken some of the text
+	seed    maphash.Seed
+	out     []byte
+	h       maphash.Hash
+	buf     [192]byte
 }
 
-// next returns the next segment: its kind and, for segText, the text. ok is false at the end.
-func (sc *scanner) next() (kind int, text string, ok bool) {
-	s := sc.s
-	for sc.i < len(s) {
-		c := s[sc.i]
-		start := sc.i
-		var end, k int
-		switch {
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v':
-			end, k = skipSpace(s, sc.i), segSpace
-		case c == '-' && sc.i+1 < len(s) && s[sc.i+1] == '-':
-			end, k = skipLineComment(s, sc.i), segSpace
-		case c == '/' && sc.i+1 < len(s) && s[sc.i+1] == '*':
-			end, k = skipBlockComment(s, sc.i), segSpace
-		case c == '\'':
-			end, k = skipString(s, sc.i), segValue
-		case c == '$' && !sc.prevWord:
-			if e, ok := skipDollarString(s, sc.i); ok {
-				end, k = e, segValue
+func (o *foldSink) write(t string) {
+	if o.n+len(t) < len(o.buf) && !o.display {
+		o.n += copy(o.buf[o.n:], t)
+		return
+	}
+	o.writeSlow(t)
+}
+
+// writeByte writes c, as write does.
+func (o *foldSink) writeByte(c byte) {
+	if o.n+1 < len(o.buf) && !o.display {
+		o.buf[o.n] = c
+		o.n++
+		return
+	}
+	o.writeSlow(string(rune(c)))
+}
+
+func (o *foldSink) writeSlow(t string) {
+	if o.display {
+		o.out = append(o.out, t...)
+		return
+	}
+	for len(t) > 0 {
+		c := copy(o.buf[o.n:], t)
+		o.n += c
+		t = t[c:]
+		if o.n == len(o.buf) {
+			if !o.spilled {
+				o.h.SetSeed(o.seed)
+				o.spilled = true
+			}
+			o.h.Write(o.buf[:])
+			o.n = 0
+		}
+	}
+}
+
+// sum returns the hash of everything written (maphash's hash does not depend on how the bytes
+// were split between writes).
+func (o *foldSink) sum() uint64 {
+	if !o.spilled {
+		return maphash.Bytes(o.seed, o.buf[:o.n])
+	}
+	o.h.Write(o.buf[:o.n])
+	return o.h.Sum64()
+}
+
+// fold writes the folded text of s to o in one pass. A run of bytes that stay as they are goes
+// out in one piece, when something folded (or the end) comes after it. The loop stops only at
+// bytes that may start something; a single space stays in the run, and is taken back out of it
+// when it turns out to be part of a longer gap (a second space, a comment, the end).
+func fold(s string, o *foldSink) {
+	var (
+		run      int  // s[run:i] is pending, as it is
+		space    bool // whitespace or a comment was folded since the last output: " " before the next
+		emitted  bool // something went out: whitespace after it counts
+		prevWord bool // s[i-1] is part of a name, a number or a parameter
+		lastSp   = -1 // where the last space taken as it is was (not one inside a quoted name)
+	)
+	flush := func(i int) {
+		if i > run {
+			if space {
+				o.writeByte(' ')
+				space = false
+			}
+			o.write(s[run:i])
+			emitted = true
+		}
+	}
+	// gap folds the whitespace and comments from i on, with a space that ends the run.
+	gap := func(i int) int {
+		if i > run && lastSp == i-1 {
+			flush(i - 1)
+		} else {
+			flush(i)
+		}
+		i = skipGap(s, i)
+		run, space = i, emitted
+		return i
+	}
+	// fixed puts t in place of s[i:end].
+	fixed := func(i, end int, t string) int {
+		flush(i)
+		if space {
+			o.writeByte(' ')
+			space = false
+		}
+		o.write(t)
+		emitted = true
+		run = end
+		return end
+	}
+	class := &classOf
+	if doubleSpace(s) {
+		class = &classSpaced
+	}
+	i := 0
+	for i < len(s) {
+		c := s[i]
+		if c == ' ' {
+			// A single space between two things that stay is its own fold: it stays in the run.
+			if (i > run || emitted) && i+1 < len(s) && !gapStarts(s, i+1) {
+				lastSp = i
+				i++
 			} else {
-				end, k = skipParam(s, sc.i), segText
+				i = gap(i)
 			}
-		case isDigit(c) && !sc.prevWord, c == '.' && !sc.prevWord && sc.i+1 < len(s) && isDigit(s[sc.i+1]):
-			end, k = skipNumber(s, sc.i), segValue
-		case (c == '-' || c == '+') && unary(s, sc.i):
-			end, k = skipNumber(s, sc.i+1), segValue
-		case c == '(':
-			if e, ok := skipList(s, sc.i); ok {
-				end, k = e, segList
-			} else {
-				end, k = sc.i+1, segText
-			}
-		case c == '"':
-			end, k = skipQuoted(s, sc.i, '"'), segText
-		default:
-			// A run of bytes that start nothing: the common case, in one tight loop.
-			end, k = sc.i+1, segText
-			// A single space between two such bytes is its own fold, and a dot before one starts no
-			// number: they stay in the run.
-			for end < len(s) && (special[s[end]] == 0 || special[s[end]] == 2 && isWord(s[end-1]) ||
-				(s[end] == ' ' || s[end] == '.') && end+1 < len(s) && special[s[end+1]] == 0) {
-				end++
-			}
-		}
-		if k == segText {
-			if sc.pendSp {
-				// The whitespace before this text: flush it first.
-				sc.pendSp = false
-				sc.text0 = start
-				return segSpace, "", true
-			}
-			sc.i = end
-			sc.prevWord = isWord(s[end-1])
-			continue // extend the verbatim run
-		}
-		// A folded segment: first the verbatim run before it, then the segment.
-		if sc.text0 < start {
-			sc.emitted = true
-			t := s[sc.text0:start]
-			sc.text0 = start
-			return segText, t, true
-		}
-		if k == segSpace {
-			sc.i, sc.text0 = end, end
-			sc.pendSp = sc.emitted
-			sc.prevWord = false
+			prevWord = false
 			continue
 		}
-		if sc.pendSp {
-			sc.pendSp = false
-			return segSpace, "", true
+		switch class[c] {
+		case cPlain:
+			// The common case, in one tight loop: bytes that start nothing, four at a time.
+			i++
+			for i+4 <= len(s) && class[s[i]]|class[s[i+1]]|class[s[i+2]]|class[s[i+3]] == cPlain {
+				i += 4
+			}
+			for i < len(s) && class[s[i]] == cPlain {
+				i++
+			}
+			if s[i-1] == ' ' {
+				lastSp = i - 1
+			}
+			prevWord = wordByte[s[i-1]]
+			continue
+		case cName:
+			switch {
+			case prevWord: // a digit or $ of a name
+				i++
+				continue
+			case c == '$':
+				e, ok := skipDollarString(s, i)
+				if !ok {
+					i = skipParam(s, i) // $1 stays
+					prevWord = true
+					continue
+				}
+				i = fixed(i, e, "?")
+			default:
+				j := i
+				if j > run && s[j-1] == '.' && (j == 1 || !wordByte[s[j-2]]) {
+					j-- // .5: the dot is the number's
+				}
+				i = fixed(j, skipNumber(s, i), "?")
+			}
+		case cSpace:
+			i = gap(i)
+		default: // cOther
+			switch {
+			case gapStarts(s, i): // a comment
+				i = gap(i)
+			case c == '\'':
+				i = fixed(i, skipString(s, i), "?")
+			case (c == '-' || c == '+') && unary(s, i):
+				i = fixed(i, skipNumber(s, i+1), "?")
+			case c == '(':
+				if e, ok := skipList(s, i); ok {
+					i = fixed(i, e, "(?)")
+				} else {
+					i++
+				}
+			case c == '"':
+				i = skipQuoted(s, i, '"')
+			default:
+				i++
+			}
 		}
-		sc.i, sc.text0 = end, end
-		sc.prevWord = false
-		sc.emitted = true
-		return k, "", true
+		prevWord = false
 	}
-	if sc.text0 < len(s) {
-		t := s[sc.text0:]
-		sc.text0 = len(s)
-		return segText, t, true
-	}
-	return 0, "", false
+	gap(len(s))
 }
 
-// foldHash hashes the folded text without building it.
-func foldHash(seed maphash.Seed, sql string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(seed)
-	sc := scanner{s: sql}
-	for {
-		k, t, ok := sc.next()
-		if !ok {
-			return h.Sum64()
-		}
-		if k == segText {
-			h.WriteString(t)
-		} else {
-			h.WriteString(segFixed[k])
+// doubleSpace reports whether s has two spaces in a row, eight bytes at a time: windows of 8 that
+// overlap by one byte hold every pair of neighbours.
+func doubleSpace(s string) bool {
+	const ones, spaces = 0x7f7f7f7f7f7f7f7f, 0x2020202020202020
+	b := unsafe.Slice(unsafe.StringData(s), len(s))
+	i := 0
+	for ; i+8 <= len(b); i += 7 {
+		v := binary.LittleEndian.Uint64(b[i:]) ^ spaces
+		z := ^((v&ones + ones) | v | ones) // 0x80 in each byte that was a space
+		if z&(z<<8) != 0 {
+			return true
 		}
 	}
+	for ; i+1 < len(b); i++ {
+		if b[i] == ' ' && b[i+1] == ' ' {
+			return true
+		}
+	}
+	return false
+}
+
+// gapStarts reports whether whitespace or a comment starts at s[i].
+func gapStarts(s string, i int) bool {
+	switch s[i] {
+	case ' ', '\t', '\n', '\r', '\f', '\v':
+		return true
+	case '-':
+		return i+1 < len(s) && s[i+1] == '-'
+	case '/':
+		return i+1 < len(s) && s[i+1] == '*'
+	}
+	return false
+}
+
+// foldHash hashes the folded text without building it, and without allocating.
+func foldHash(seed maphash.Seed, sql string) uint64 {
+	o := foldSink{seed: seed}
+	fold(sql, &o)
+	return o.sum()
 }
 
 // Fold returns the text as the Table keys it: literals, lists of literals, comments and
 // whitespace folded, cut to at most n bytes (with "…" when cut). Use it to show a statement
 // without the values it carried.
 func Fold(sql string, n int) string {
-	b := make([]byte, 0, min(len(sql), n)+3)
-	sc := scanner{s: sql}
-	for {
-		k, t, ok := sc.next()
-		if !ok {
-			return string(b)
-		}
-		if k != segText {
-			t = segFixed[k]
-		}
-		if len(b)+len(t) > n {
-			b = append(b, t[:n-len(b)]...)
-			for len(b) > 0 && !utf8.Valid(b[max(len(b)-utf8.UTFMax, 0):]) { // do not cut a rune
-				b = b[:len(b)-1]
-			}
-			return string(append(b, "…"...))
-		}
-		b = append(b, t...)
+	o := foldSink{display: true, out: make([]byte, 0, len(sql))}
+	fold(sql, &o)
+	b := o.out
+	if len(b) <= n {
+		return string(b)
 	}
+	b = b[:n]
+	for len(b) > 0 && !utf8.Valid(b[max(len(b)-utf8.UTFMax, 0):]) { // do not cut a rune
+		b = b[:len(b)-1]
+	}
+	return string(b) + "…"
 }
 
 // unary reports whether the sign at s[i] starts a signed number: a digit follows, and what comes
@@ -178,19 +311,6 @@ func unary(s string, i int) bool {
 	}
 	return j < 0 || !isWord(s[j]) && s[j] != ')' && s[j] != '\'' && s[j] != '"'
 }
-
-// special marks the bytes that may start something the scanner folds or skips: 1 always, 2 only
-// when not inside a name (digits, $).
-var special = func() (t [256]uint8) {
-	for _, c := range []byte(" \t\n\r\f\v-/'(\".+") {
-		t[c] = 1
-	}
-	for c := '0'; c <= '9'; c++ {
-		t[c] = 2
-	}
-	t['$'] = 2
-	return t
-}()
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }
 

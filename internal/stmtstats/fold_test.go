@@ -33,6 +33,9 @@ func TestFold(t *testing.T) {
 		{"", ""},
 		{"'unterminated", "?"},
 		{"/* unterminated", ""},
+		{`select "unterminated `, `select "unterminated `}, // the space is the name's
+		{"select a,  b ,\tc --x\n, d  ", "select a, b , c , d"},
+		{"select .5, t.1, a.b, x.5", "select ?, t.?, a.b, x.?"},
 	} {
 		assert.Equal(t, tt.want, stmtstats.Fold(tt.in, 1000), "%q", tt.in)
 	}
@@ -73,6 +76,9 @@ func FuzzFold(f *testing.F) {
 	for _, s := range []string{"select 1", "select * from t where id in (1,2) and s = 'x'", "$a$ $$", "/* /* */", "E'\\'", "((1,"} {
 		f.Add(s)
 	}
+	long := strings.Repeat("select a,  b -- c\n from t where x = 'y' and z in (1, 2) ", 8) // folds to over 192 bytes
+	f.Add(long)
+	f.Add(`select "a ` + strings.Repeat("x", 300))
 	seed := maphash.MakeSeed()
 	f.Fuzz(func(t *testing.T, s string) {
 		folded := stmtstats.Fold(s, len(s)+8)
@@ -80,14 +86,16 @@ func FuzzFold(f *testing.F) {
 		assert.Equal(t, folded, stmtstats.Fold(folded, len(folded)+8))
 		tab := newTable(t, 0)
 		assert.Equal(t, tab.Key(s), tab.Key(folded))
-		_ = seed
+		// The key hashes exactly the folded text, however long (its buffer spills into the hash).
+		assert.Equal(t, maphash.String(seed, folded), stmtstats.FoldHash(seed, s))
 	})
 }
 
 // BenchmarkKey: the key of a statement, folded, against a plain hash of the text (what the key
 // cost before folding). Texts of 40, 90 and 300 bytes, with and without literals. Hash=folded
-// keys the same string every call (a constant: the key cache's hit), Hash=folded-uncached a copy
-// at a new address every call (a text built per call: folded every time).
+// keys the same string every call (a constant: the key cache's hit); Hash=folded-uncached and
+// Hash=plain take a copy at a new address every call (a text built per call: folded every time),
+// from the same 4,096 copies, so that both read the text from the same place in memory.
 func BenchmarkKey(b *testing.B) {
 	texts := map[string]string{
 		"Len=40/Literals=0":  "select name from users where id = $1",
@@ -99,10 +107,16 @@ func BenchmarkKey(b *testing.B) {
 	tab := newTable(b, 0)
 	for _, name := range []string{"Len=40/Literals=0", "Len=90/Literals=0", "Len=90/Literals=3", "Len=300/Literals=0"} {
 		s := texts[name]
+		copies := make([]string, 4096)
+		for i := range copies {
+			copies[i] = strings.Clone(s)
+		}
 		b.Run(name+"/Hash=plain", func(b *testing.B) {
 			b.ReportAllocs()
+			i := 0
 			for b.Loop() {
-				keySink ^= maphash.String(seed, s)
+				keySink ^= maphash.String(seed, copies[i%len(copies)])
+				i++
 			}
 		})
 		b.Run(name+"/Hash=folded", func(b *testing.B) {
@@ -111,18 +125,46 @@ func BenchmarkKey(b *testing.B) {
 				keySink ^= uint64(tab.Key(s))
 			}
 		})
-		// The same text at a new address every call, as a text built per call is: never
-		// cached, folded every time.
-		copies := make([]string, 4096)
-		for i := range copies {
-			copies[i] = strings.Clone(s)
-		}
 		b.Run(name+"/Hash=folded-uncached", func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
 				keySink ^= uint64(tab.Key(copies[i%len(copies)]))
 				i++
+			}
+		})
+	}
+}
+
+// BenchmarkLearnerPerCall: what the learner costs per call for a text built anew on every call
+// with a different literal (as ORMs that inline values build them), the whole step the pool
+// takes: the key, Arrive, and Done of a fast run. Key=plain keys by a plain hash of the text,
+// as the Table did before folding: every text is a statement of its own, and each call puts a
+// new entry in the Table. Key=folded is the Table's Key: one entry for all of them, and the text
+// folded every call. Compare with: benchstat -col /Key.
+func BenchmarkLearnerPerCall(b *testing.B) {
+	texts := make([]string, 8192)
+	for i := range texts {
+		texts[i] = fmt.Sprintf("select id, name, email from users where tenant = %d and created_at > '2026-11-%02d' and id in (%d,%d,%d)",
+			i, i%28+1, i, i+1, i+2)
+	}
+	for _, key := range []string{"plain", "folded"} {
+		b.Run("Text=per-call/Key="+key, func(b *testing.B) {
+			tab := newTable(b, 0)
+			seed := maphash.MakeSeed()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				s := texts[i%len(texts)]
+				i++
+				var k stmtstats.Key
+				if key == "plain" {
+					k = stmtstats.Key(maphash.String(seed, s))
+				} else {
+					k = tab.Key(s)
+				}
+				tab.Arrive(k)
+				tab.Done(k, fastRun, false)
 			}
 		})
 	}
