@@ -241,21 +241,22 @@ func fold(s string, o *foldSink) {
 	gap(len(s))
 }
 
-// doubleSpace reports whether s has two spaces in a row, eight bytes at a time: windows of 8 that
-// overlap by one byte hold every pair of neighbours.
+// doubleSpace reports whether s has two spaces in a row, eight bytes at a time.
 func doubleSpace(s string) bool {
 	const ones, spaces = 0x7f7f7f7f7f7f7f7f, 0x2020202020202020
 	b := unsafe.Slice(unsafe.StringData(s), len(s))
+	var carry uint64 // 0x80 if the byte before this word was a space
 	i := 0
-	for ; i+8 <= len(b); i += 7 {
+	for ; i+8 <= len(b); i += 8 {
 		v := binary.LittleEndian.Uint64(b[i:]) ^ spaces
 		z := ^((v&ones + ones) | v | ones) // 0x80 in each byte that was a space
-		if z&(z<<8) != 0 {
+		if z&(z<<8|carry) != 0 {
 			return true
 		}
+		carry = z >> 56
 	}
-	for ; i+1 < len(b); i++ {
-		if b[i] == ' ' && b[i+1] == ' ' {
+	for ; i < len(b); i++ {
+		if b[i] == ' ' && i > 0 && b[i-1] == ' ' {
 			return true
 		}
 	}
