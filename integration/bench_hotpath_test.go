@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -66,11 +68,28 @@ func cpuTime() time.Duration {
 // connections.
 func BenchmarkHotPathClientCPU(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
-	ctx := context.Background()
-	kinds := []struct {
-		name string
-		run  func(p benchPool) error
-	}{
+	kinds := hotKinds(context.Background())
+	for _, kind := range kinds {
+		for _, impl := range hotImpls(pgxlanes.Short) {
+			b.Run(fmt.Sprintf("Kind=%s/Impl=%s", kind.name, impl.name), func(b *testing.B) {
+				p := openWarm(b, impl, dsn, kind.run)
+				start := cpuTime()
+				runClients(b, benchConns, func() error { return kind.run(p) })
+				b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
+			})
+		}
+	}
+}
+
+// hotKind is one kind of call whose client CPU the benchmarks measure.
+type hotKind struct {
+	name string
+	run  func(p benchPool) error
+}
+
+// hotKinds: QueryRow, Exec, a one-statement transaction, a batch of 10 and a held connection.
+func hotKinds(ctx context.Context) []hotKind {
+	return []hotKind{
 		{"QueryRow", func(p benchPool) error {
 			var n int
 			return p.QueryRow(ctx, "select 1").Scan(&n)
@@ -98,16 +117,67 @@ func BenchmarkHotPathClientCPU(b *testing.B) {
 		}},
 		{"Held", func(p benchPool) error { return heldExec(ctx, p, "select 1") }},
 	}
-	for _, kind := range kinds {
-		for _, impl := range hotImpls(pgxlanes.Short) {
-			b.Run(fmt.Sprintf("Kind=%s/Impl=%s", kind.name, impl.name), func(b *testing.B) {
-				p := openWarm(b, impl, dsn, kind.run)
-				start := cpuTime()
-				runClients(b, benchConns, func() error { return kind.run(p) })
-				b.ReportMetric(float64(cpuTime()-start)/float64(b.N), "cpu-ns/op")
-			})
-		}
+}
+
+// BenchmarkHotPathClientCPUPaired is BenchmarkHotPathClientCPU with the two pools interleaved,
+// so that the machine's drift hits both alike: rounds of 2,048 calls by 8 clients, pgxpool's
+// round then pgxlanes', each round's CPU time from getrusage (whose granularity is the
+// scheduler's tick: hence rounds of tens of milliseconds). It reports the median CPU per call
+// of each pool over its rounds, and the median of the rounds' ratios (lanes/pgxpool-cpu), with
+// its lowest and highest. ns/op is wall time over all calls of both pools.
+func BenchmarkHotPathClientCPUPaired(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	for _, kind := range hotKinds(context.Background()) {
+		b.Run("Kind="+kind.name, func(b *testing.B) {
+			var pools []benchPool
+			for _, impl := range hotImpls(pgxlanes.Short) {
+				pools = append(pools, openWarm(b, impl, dsn, kind.run))
+			}
+			const round = 2048
+			var cpu [2][]float64
+			var ratios []float64
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done := 0; done < b.N; done += 2 * round {
+				var per [2]float64
+				for k, p := range pools {
+					start := cpuTime()
+					if err := runRound(benchConns, round, func() error { return kind.run(p) }); err != nil {
+						b.Fatal(err)
+					}
+					per[k] = float64(cpuTime()-start) / round
+					cpu[k] = append(cpu[k], per[k])
+				}
+				ratios = append(ratios, per[1]/per[0])
+			}
+			b.StopTimer()
+			b.ReportMetric(medianF(cpu[0]), "pgxpool-cpu-ns/op")
+			b.ReportMetric(medianF(cpu[1]), "lanes-cpu-ns/op")
+			b.ReportMetric(medianF(ratios), "lanes/pgxpool-cpu")
+			b.ReportMetric(slices.Min(ratios), "lanes/pgxpool-cpu-min")
+			b.ReportMetric(slices.Max(ratios), "lanes/pgxpool-cpu-max")
+		})
 	}
+}
+
+// runRound runs f n times in all from clients goroutines, and returns the first error.
+func runRound(clients, n int, f func() error) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for range clients {
+		wg.Go(func() {
+			for next.Add(1) <= int64(n) {
+				if err := f(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
 
 // BenchmarkHotPathThroughput is SELECT 1 through QueryRow from 8 to 256 clients on pools of 8
