@@ -439,7 +439,7 @@ func skipNumber(s string, i int) int {
 		}
 		return i
 	}
-	for i < len(s) && (isDigit(s[i]) || s[i] == '_' || s[i] == '.') {
+	for i < len(s) && numByte[s[i]] {
 		i++
 	}
 	if i < len(s) && s[i]|0x20 == 'e' {
@@ -457,6 +457,15 @@ func skipNumber(s string, i int) int {
 	return i
 }
 
+// numByte marks the bytes of a number's digits: digits, _ and the dot.
+var numByte = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	t['_'], t['.'] = true, true
+	return t
+}()
+
 // skipList reports whether s[i:] (at '(') is a list of one or more literals or parameters, each
 // with an optional sign, separated by commas, with whitespace and comments between, and returns
 // the index after its ')'.
@@ -464,12 +473,12 @@ func skipList(s string, i int) (int, bool) {
 	i++
 	items := 0
 	for {
-		i = skipGap(s, i)
+		i = skipListGap(s, i)
 		if i >= len(s) {
 			return 0, false
 		}
 		if s[i] == '+' || s[i] == '-' {
-			i = skipGap(s, i+1)
+			i = skipListGap(s, i+1)
 			if i >= len(s) {
 				return 0, false
 			}
@@ -494,7 +503,7 @@ func skipList(s string, i int) (int, bool) {
 			return 0, false
 		}
 		items++
-		i = skipGap(s, i)
+		i = skipListGap(s, i)
 		if i >= len(s) {
 			return 0, false
 		}
@@ -507,6 +516,17 @@ func skipList(s string, i int) (int, bool) {
 			return 0, false
 		}
 	}
+}
+
+// skipListGap is skipGap for the gaps of a list, most often a single space or none.
+func skipListGap(s string, i int) int {
+	for i < len(s) && s[i] == ' ' {
+		i++
+	}
+	if i < len(s) && gapStarts(s, i) {
+		return skipGap(s, i)
+	}
+	return i
 }
 
 // skipGap skips whitespace and comments.
