@@ -87,6 +87,11 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
 		go test -run '^$' -bench 'Deadline' -count "$BENCHCOUNT" -benchtime 100x . &&
 		cd .. && go test -run '^$' -bench 'AcquireRelease|Contended' -benchmem -count "$BENCHCOUNT" ./reserve) >"$out/bench.txt" 2>&1 || true
 	go run golang.org/x/perf/cmd/benchstat@latest -col /Impl "$out/bench.txt" || cat "$out/bench.txt"
+	echo
+	echo "== the learner's key: folded against a plain hash ($BENCHCOUNT runs each)"
+	go test -run '^$' -bench 'BenchmarkKey|LearnerPerCall' -benchmem -count "$BENCHCOUNT" ./internal/stmtstats >"$out/fold.txt" 2>&1 || true
+	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:Key' -col /Hash "$out/fold.txt" || cat "$out/fold.txt"
+	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:LearnerPerCall' -col /Key "$out/fold.txt" || true
 fi
 echo
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
