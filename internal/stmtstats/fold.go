@@ -209,10 +209,10 @@ func fold(s string, o *foldSink) {
 				i = fixed(i, e, "?")
 			default:
 				j := i
-				if j > run && s[j-1] == '.' && (j == 1 || !wordByte[s[j-2]]) {
+				if j > run && s[j-1] == '.' && (j-1 == run || !wordByte[s[j-2]]) {
 					j-- // .5: the dot is the number's
 				}
-				i = fixed(j, skipNumber(s, i), "?")
+				i = fixed(j, skipNumber(s, j), "?")
 			}
 		case cSpace:
 			i = gap(i)

@@ -36,6 +36,7 @@ func TestFold(t *testing.T) {
 		{`select "unterminated `, `select "unterminated `}, // the space is the name's
 		{"select a,  b ,\tc --x\n, d  ", "select a, b , c , d"},
 		{"select .5, t.1, a.b, x.5", "select ?, t.?, a.b, x.?"},
+		{"a 0B.00000", "a ??"}, {"A00000 .0B0000000", "A00000 ?B0000000"}, // a dot after a number starts one
 	} {
 		assert.Equal(t, tt.want, stmtstats.Fold(tt.in, 1000), "%q", tt.in)
 	}
