@@ -4,5 +4,5 @@ package txguard
 func (g *Guard) Watched() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.h)
+	return g.watched
 }

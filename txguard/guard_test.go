@@ -170,43 +170,17 @@ func TestCloseLeaksNothing(t *testing.T) {
 	}
 }
 
-// BenchmarkWatchUnwatch: one lease watched and unwatched while Live others are watched.
-// Due=latest is the common case (a new lease with its lane's budget is due after the older ones);
-// Due=earliest sifts through the whole heap height. O(log n), no allocation.
-func BenchmarkWatchUnwatch(b *testing.B) {
-	for _, live := range []int{10, 1000, 10000} {
-		for _, due := range []struct {
-			name   string
-			budget time.Duration
-		}{{"latest", 90 * time.Minute}, {"earliest", 30 * time.Minute}} {
-			b.Run(fmt.Sprintf("Live=%d/Due=%s", live, due.name), func(b *testing.B) {
-				g := New()
-				defer g.Close()
-				r := &recorder{}
-				now := time.Now()
-				for i := range live {
-					g.Watch(&Lease{Owner: r, Start: now, Budget: time.Hour + time.Duration(i)*time.Millisecond, Action: Cancel})
-				}
-				l := &Lease{Owner: r, Start: now, Budget: due.budget, Action: Cancel}
-				b.ReportAllocs()
-				for b.Loop() {
-					g.Watch(l)
-					g.Unwatch(l)
-				}
-			})
-		}
-	}
-}
-
 func TestHugeBudgetSaturates(t *testing.T) {
 	for _, a := range []Action{Flag, Cancel, Terminate} {
 		l := &Lease{Budget: 1<<63 - 1, Action: a, Start: time.Now()}
 		if got := LastStep(l.Budget, l.Action); got <= 0 {
 			t.Fatalf("%v: LastStep of the largest budget overflowed to %v", a, got)
 		}
-		if at := l.due(LastStep(l.Budget, l.Action)); at.Before(l.Start) {
+		g := New()
+		if at := g.dueAt(l, LastStep(l.Budget, l.Action)); at < int64(l.Start.Sub(g.epoch)) {
 			t.Fatalf("%v: due time %v before the start", a, at)
 		}
+		g.Close()
 	}
 }
 
