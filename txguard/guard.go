@@ -84,14 +84,14 @@ type Lease struct {
 
 	// Guarded by Guard.mu while watched. Watch writes steps, n and cur before it takes the lock:
 	// the lease is not watched then.
-	guard      *Guard    // the guard watching the lease; nil when not watched
-	list       *list     // the list the lease is in; nil when not watched or in the overflow heap
-	prev, next *Lease    // neighbours in list, earlier and later
-	index      int       // position in the overflow heap, while in it
-	at         int64     // when the next step is due, in nanoseconds since Guard.epoch
-	steps      [4]step   // the steps to come, in order; kept here so Watch allocates nothing
-	n          uint8     // number of steps
-	cur        uint8     // the next step
+	guard      *Guard  // the guard watching the lease; nil when not watched
+	list       *list   // the list the lease is in; nil when not watched or in the overflow heap
+	prev, next *Lease  // neighbours in list, earlier and later
+	index      int     // position in the overflow heap, while in it
+	at         int64   // when the next step is due, in nanoseconds since Guard.epoch
+	steps      [4]step // the steps to come, in order; kept here so Watch allocates nothing
+	n          uint8   // number of steps
+	cur        uint8   // the next step
 }
 
 type step struct {
