@@ -6,3 +6,10 @@ func (g *Guard) Watched() int {
 	defer g.mu.Unlock()
 	return g.watched
 }
+
+// Arms returns how many times the guard's timer was set.
+func (g *Guard) Arms() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.arms
+}

@@ -199,6 +199,7 @@ type Guard struct {
 	timer    *time.Timer
 	timerAt  int64 // guarded by mu; when timer fires, since epoch
 	armed    bool  // guarded by mu; the timer is set to fire at timerAt
+	arms     int   // guarded by mu; how many times the timer was set (for the tests)
 	closed   bool  // guarded by mu
 
 	stop    chan struct{}
@@ -277,6 +278,7 @@ func (g *Guard) Close() {
 // armLocked makes the timer fire at at. Caller must hold g.mu.
 func (g *Guard) armLocked(at int64) {
 	g.timerAt, g.armed = at, true
+	g.arms++
 	g.timer.Reset(time.Duration(at) - time.Since(g.epoch))
 }
 

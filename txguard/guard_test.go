@@ -254,3 +254,29 @@ func TestGenOwnerGetsTheHoldsGen(t *testing.T) {
 		}
 	})
 }
+
+// TestShortLeasesDoNotRearm: a stream of leases that end well within their budgets sets the
+// guard's timer about once per first step, not once per lease: a lease due after the one the
+// timer waits for leaves it alone, and the timer that fires with nothing due is set again by the
+// next Watch only.
+func TestShortLeasesDoNotRearm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New()
+		defer g.Close()
+		r := &recorder{}
+		for range 2000 {
+			l := &Lease{Owner: r, Start: time.Now(), Budget: time.Second, Action: Cancel, Mark: 200 * time.Millisecond}
+			g.Watch(l)
+			time.Sleep(time.Millisecond)
+			g.Unwatch(l)
+		}
+		// 2 s of leases, the first step 200 ms after each start: about 10 wakes, each followed by
+		// one Watch that sets the timer again.
+		if arms := g.Arms(); arms > 25 {
+			t.Fatalf("the timer was set %d times for 2000 short leases", arms)
+		}
+		if len(r.got()) != 0 {
+			t.Fatalf("steps %v for leases that ended on time", r.got())
+		}
+	})
+}
