@@ -192,10 +192,11 @@ func (g *Guard) dueAt(l *Lease, d time.Duration) int64 {
 // Guard schedules the ladders of all watched leases.
 type Guard struct {
 	mu       sync.Mutex
-	lists    []*list   // guarded by mu; at most maxLists, kept when empty
-	overflow leaseHeap // guarded by mu; leases whose key has no list
-	watched  int       // guarded by mu; the leases in lists and overflow
-	epoch    time.Time // the origin of Lease.at
+	lists    [maxLists]list // guarded by mu; the first nlists have a key
+	nlists   int            // guarded by mu
+	overflow leaseHeap      // guarded by mu; leases whose key has no list
+	watched  int            // guarded by mu; the leases in lists and overflow
+	epoch    time.Time      // the origin of Lease.at
 	timer    *time.Timer
 	timerAt  int64 // guarded by mu; when timer fires, since epoch
 	armed    bool  // guarded by mu; the timer is set to fire at timerAt

@@ -19,10 +19,12 @@ import "time"
 // and called Watch in the other) walks back from the tail to its place: correct always, O(1) in
 // practice.
 //
-// A guard keeps at most maxLists lists. They are made once per key and kept when they empty (a
-// lane's list empties and fills again with every lease); when all are in use and a new key comes
-// (odd per-call budgets), an empty list is given the new key, and if none is empty the lease
-// goes to an overflow heap, O(log n) as before.
+// A guard has maxLists lists, in an array of its own (no allocation). Each is given a key when
+// first needed and keeps it when it empties (a lane's list empties and fills again with every
+// lease); when all have a key and a new key comes (odd per-call budgets), an empty list is given
+// the new key, and if none is empty the lease goes to an overflow heap, O(log n). The order of
+// each list, by due time, is what makes the schedule correct; the keys only keep the walk-back
+// short.
 
 // maxLists bounds the lists of a guard: one pool's lanes, ladders and mark need about a dozen.
 const maxLists = 32
@@ -46,7 +48,9 @@ func (l *Lease) key() (before, after time.Duration) {
 func (g *Guard) placeLocked(l *Lease) {
 	before, after := l.key()
 	var q, empty *list
-	for _, c := range g.lists {
+	lists := g.lists[:g.nlists]
+	for i := range lists {
+		c := &lists[i]
 		if c.after == after && c.before == before {
 			q = c
 			break
@@ -57,16 +61,16 @@ func (g *Guard) placeLocked(l *Lease) {
 	}
 	if q == nil {
 		switch {
-		case len(g.lists) < maxLists:
-			q = &list{before: before, after: after} // once per key: the list is kept
-			g.lists = append(g.lists, q)
+		case g.nlists < maxLists:
+			q = &g.lists[g.nlists] // once per key: the list is kept
+			g.nlists++
 		case empty != nil:
 			q = empty
-			q.before, q.after = before, after
 		default:
 			g.overflow.push(l)
 			return
 		}
+		q.before, q.after = before, after
 	}
 	l.list = q
 	t := q.tail
@@ -123,8 +127,8 @@ func (g *Guard) earliestLocked() *Lease {
 	if len(g.overflow) > 0 {
 		e = g.overflow[0]
 	}
-	for _, q := range g.lists {
-		if h := q.head; h != nil && (e == nil || h.at < e.at) {
+	for i := range g.lists[:g.nlists] {
+		if h := g.lists[i].head; h != nil && (e == nil || h.at < e.at) {
 			e = h
 		}
 	}
@@ -133,7 +137,8 @@ func (g *Guard) earliestLocked() *Lease {
 
 // dropAllLocked forgets every watched lease. Caller must hold g.mu.
 func (g *Guard) dropAllLocked() {
-	for _, q := range g.lists {
+	for i := range g.lists[:g.nlists] {
+		q := &g.lists[i]
 		for l := q.head; l != nil; {
 			next := l.next
 			l.list, l.prev, l.next, l.guard = nil, nil, nil, nil
