@@ -1,5 +1,5 @@
 // Package txguard watches leases (transactions, held connections, open rows) against their
-// budgets with one goroutine and a timer heap, and walks each late lease up an escalation ladder:
+// budgets with one goroutine and one timer, and walks each late lease up an escalation ladder:
 //
 //	action     at Budget/2   at Budget    at 2×Budget
 //	Flag       -             flag         -
@@ -13,7 +13,8 @@
 //
 // Cost: Watch and Unwatch are O(1) under one mutex and allocate nothing; there is no goroutine
 // per lease. The leases of a lane come due in the order they were watched, so the guard keeps
-// them in a few lists, one per step, in that order (queue.go). The timer is re-armed only when a
+// them in a few lists, one per step, in that order (queue.go); past 32 distinct steps (odd
+// per-lease budgets) the rest go to a heap, O(log n). The timer is re-armed only when a
 // lease is due earlier than every other, so a stream of short leases that end on time wakes the
 // goroutine about once per budget, not once per lease.
 //
