@@ -280,3 +280,30 @@ func TestShortLeasesDoNotRearm(t *testing.T) {
 		}
 	})
 }
+
+// TestWatchWithoutStepsTakesNoLock: a lease with no budget and no mark is not watched, and
+// Watch does not take the guard's lock for it (here held by the test).
+func TestWatchWithoutStepsTakesNoLock(t *testing.T) {
+	g := New()
+	defer g.Close()
+	g.mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		g.Watch(&Lease{Owner: &recorder{}, Start: time.Now(), Action: Cancel})
+		close(done)
+	}()
+	blocked := false
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		blocked = true
+	}
+	g.mu.Unlock()
+	<-done
+	if blocked {
+		t.Fatal("Watch of a lease with no budget and no mark waits for the guard's lock")
+	}
+	if g.Watched() != 0 {
+		t.Fatal("a lease with no steps is watched")
+	}
+}
