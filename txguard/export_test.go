@@ -4,5 +4,12 @@ package txguard
 func (g *Guard) Watched() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.h)
+	return g.watched
+}
+
+// Arms returns how many times the guard's timer was set.
+func (g *Guard) Arms() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.arms
 }

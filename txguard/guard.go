@@ -1,5 +1,5 @@
 // Package txguard watches leases (transactions, held connections, open rows) against their
-// budgets with one goroutine and a timer heap, and walks each late lease up an escalation ladder:
+// budgets with one goroutine and one timer, and walks each late lease up an escalation ladder:
 //
 //	action     at Budget/2   at Budget    at 2×Budget
 //	Flag       -             flag         -
@@ -11,9 +11,12 @@
 // is still running past a threshold). The guard only schedules: the lease's Owner carries the
 // actions out, and this package knows nothing of connections or of its caller.
 //
-// Cost: Watch and Unwatch are O(log n) under one mutex and allocate nothing; there is no goroutine
-// per lease. The timer is re-armed only when a lease is due earlier than every other, so a stream
-// of short leases that end on time wakes the goroutine about once per budget, not once per lease.
+// Cost: Watch and Unwatch are O(1) under one mutex and allocate nothing; there is no goroutine
+// per lease. The leases of a lane come due in the order they were watched, so the guard keeps
+// them in a few lists, one per step, in that order (queue.go); past 32 distinct steps (odd
+// per-lease budgets) the rest go to a heap, O(log n). The timer is re-armed only when a
+// lease is due earlier than every other, so a stream of short leases that end on time wakes the
+// goroutine about once per budget, not once per lease.
 //
 // Subpackage pgxguard puts this guard on a plain *pgxpool.Pool, through pgxpool's acquire and
 // release tracers: the first step of a rollout that changes no pool (docs/migration.md). pgxlanes
@@ -21,7 +24,6 @@
 package txguard
 
 import (
-	"container/heap"
 	"fmt"
 	"math"
 	"sync"
@@ -81,13 +83,16 @@ type Lease struct {
 	// Gen tells one hold of a reused Lease from another: a GenOwner's ActGen gets it back.
 	Gen uint64
 
-	// Guarded by Guard.mu.
-	index int       // position in the heap, -1 when not watched
-	steps [4]step   // the steps still to come, in order; kept here so Watch allocates nothing
-	n     int       // number of steps
-	next  int       // next step
-	at    time.Time // when the next step is due
-	guard *Guard
+	// Guarded by Guard.mu while watched. Watch writes steps, n and cur before it takes the lock:
+	// the lease is not watched then.
+	guard      *Guard  // the guard watching the lease; nil when not watched
+	list       *list   // the list the lease is in; nil when not watched or in the overflow heap
+	prev, next *Lease  // neighbours in list, earlier and later
+	index      int     // position in the overflow heap, while in it
+	at         int64   // when the next step is due, in nanoseconds since Guard.epoch
+	steps      [4]step // the steps to come, in order; kept here so Watch allocates nothing
+	n          uint8   // number of steps
+	cur        uint8   // the next step
 }
 
 type step struct {
@@ -120,22 +125,42 @@ func ladder(a Action) []rung {
 
 // plan fills l.steps from Budget, Action and Mark.
 func (l *Lease) plan() {
-	l.n, l.next = 0, 0
-	if l.Budget > 0 {
-		for _, s := range ladder(l.Action) {
-			l.steps[l.n] = step{s.action, stepAfter(l.Budget, s.halves)}
-			l.n++
+	var n uint8
+	if b := l.Budget; b > 0 {
+		if half := b / 2; half <= math.MaxInt64/4 {
+			// The ladders spelled out (the tables above, without a loop): Watch runs this for
+			// every lease.
+			switch l.Action {
+			case Cancel:
+				l.steps[0] = step{Flag, half}
+				l.steps[1] = step{Cancel, 2 * half}
+				l.steps[2] = step{Terminate, 4 * half}
+				n = 3
+			case Terminate:
+				l.steps[0] = step{Flag, half}
+				l.steps[1] = step{Terminate, 2 * half}
+				n = 2
+			default:
+				l.steps[0] = step{Flag, 2 * half}
+				n = 1
+			}
+		} else {
+			for _, s := range ladder(l.Action) {
+				l.steps[n] = step{s.action, stepAfter(b, s.halves)}
+				n++
+			}
 		}
 	}
-	if l.Mark > 0 {
-		i := 0
-		for i < l.n && l.steps[i].after <= l.Mark {
-			i++
+	if m := l.Mark; m > 0 {
+		i := n
+		for i > 0 && l.steps[i-1].after > m {
+			l.steps[i] = l.steps[i-1]
+			i--
 		}
-		copy(l.steps[i+1:l.n+1], l.steps[i:l.n])
-		l.steps[i] = step{Mark, l.Mark}
-		l.n++
+		l.steps[i] = step{Mark, m}
+		n++
 	}
+	l.n, l.cur = n, 0
 }
 
 // LastStep returns how long after the start of a lease with budget b and action a the ladder's
@@ -155,22 +180,29 @@ func stepAfter(budget time.Duration, halves int) time.Duration {
 	return time.Duration(halves) * half
 }
 
-// due returns Start + d, saturating at the far future.
-func (l *Lease) due(d time.Duration) time.Time {
-	t := l.Start.Add(d)
-	if t.Before(l.Start) {
-		return l.Start.Add(math.MaxInt64)
+// dueAt returns when the step at offset d of l is due, in nanoseconds since g.epoch, saturating
+// at the far future. An int64 rather than a time.Time: the schedule compares these often.
+func (g *Guard) dueAt(l *Lease, d time.Duration) int64 {
+	s := int64(l.Start.Sub(g.epoch)) // Sub saturates
+	if s > 0 && int64(d) > math.MaxInt64-s {
+		return math.MaxInt64
 	}
-	return t
+	return s + int64(d)
 }
 
 // Guard schedules the ladders of all watched leases.
 type Guard struct {
-	mu      sync.Mutex
-	h       leaseHeap
-	timer   *time.Timer
-	timerAt time.Time // when timer fires; zero when not armed
-	closed  bool
+	mu       sync.Mutex
+	lists    [maxLists]list // guarded by mu; the first nlists have a key
+	nlists   int            // guarded by mu
+	overflow leaseHeap      // guarded by mu; leases whose key has no list
+	watched  int            // guarded by mu; the leases in lists and overflow
+	epoch    time.Time      // the origin of Lease.at
+	timer    *time.Timer
+	timerAt  int64 // guarded by mu; when timer fires, since epoch
+	armed    bool  // guarded by mu; the timer is set to fire at timerAt
+	arms     int   // guarded by mu; how many times the timer was set (for the tests)
+	closed   bool  // guarded by mu
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -180,6 +212,7 @@ type Guard struct {
 // New starts a guard and its goroutine. Close stops it.
 func New() *Guard {
 	g := &Guard{
+		epoch:   time.Now(),
 		timer:   time.NewTimer(time.Hour),
 		stop:    make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -195,33 +228,35 @@ func New() *Guard {
 func (g *Guard) Watch(l *Lease) {
 	l.plan()
 	if l.n == 0 || l.Owner == nil {
-		l.index = -1
 		return
 	}
+	at := g.dueAt(l, l.steps[0].after)
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if l.guard != nil {
+		g.mu.Unlock()
 		panic("txguard: lease watched twice")
 	}
 	if g.closed {
-		l.index = -1
+		g.mu.Unlock()
 		return
 	}
-	l.guard = g
-	l.at = l.due(l.steps[0].after)
-	heap.Push(&g.h, l)
-	if g.timerAt.IsZero() || l.at.Before(g.timerAt) {
-		g.armLocked(l.at)
+	l.guard, l.at = g, at
+	g.placeLocked(l)
+	g.watched++
+	if !g.armed || at < g.timerAt {
+		g.armLocked(at)
 	}
+	g.mu.Unlock()
 }
 
 // Unwatch stops watching l. It is safe on a lease that is not (or no longer) watched.
 func (g *Guard) Unwatch(l *Lease) {
 	g.mu.Lock()
-	if l.index >= 0 && l.guard == g {
-		heap.Remove(&g.h, l.index)
+	if l.guard == g {
+		g.removeLocked(l)
+		g.watched--
+		l.guard = nil
 	}
-	l.guard = nil
 	g.mu.Unlock()
 }
 
@@ -234,20 +269,19 @@ func (g *Guard) Close() {
 		return
 	}
 	g.closed = true
-	for _, l := range g.h {
-		l.index, l.guard = -1, nil
-	}
-	g.h = nil
+	g.dropAllLocked()
+	g.watched = 0
 	g.mu.Unlock()
 	close(g.stop)
 	<-g.stopped
 	g.acts.Wait()
 }
 
-// armLocked makes the timer fire at t. Caller must hold g.mu.
-func (g *Guard) armLocked(t time.Time) {
-	g.timerAt = t
-	g.timer.Reset(time.Until(t))
+// armLocked makes the timer fire at at. Caller must hold g.mu.
+func (g *Guard) armLocked(at int64) {
+	g.timerAt, g.armed = at, true
+	g.arms++
+	g.timer.Reset(time.Duration(at) - time.Since(g.epoch))
 }
 
 type due struct {
@@ -291,50 +325,31 @@ func (g *Guard) run() {
 	}
 }
 
-// collect takes the steps due by now off the heap, advances their leases' ladders and re-arms the
-// timer for the next step due.
+// collect takes the steps due by now off the schedule, moves their leases to their next steps
+// and re-arms the timer for the next step due.
 func (g *Guard) collect(batch []due, now time.Time) []due {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.timerAt = time.Time{}
-	for len(g.h) > 0 && !g.h[0].at.After(now) {
-		l := g.h[0]
-		batch = append(batch, due{l.Owner, l.Gen, l.steps[l.next].action, now.Sub(l.Start)})
-		l.next++
-		if l.next < l.n {
-			l.at = l.due(l.steps[l.next].after)
-			heap.Fix(&g.h, 0)
+	g.armed = false
+	nowAt := int64(now.Sub(g.epoch))
+	for {
+		l := g.earliestLocked()
+		if l == nil {
+			return batch
+		}
+		if l.at > nowAt {
+			g.armLocked(l.at)
+			return batch
+		}
+		batch = append(batch, due{l.Owner, l.Gen, l.steps[l.cur].action, now.Sub(l.Start)})
+		g.removeLocked(l)
+		l.cur++
+		if l.cur < l.n {
+			l.at = g.dueAt(l, l.steps[l.cur].after)
+			g.placeLocked(l)
 		} else {
-			heap.Pop(&g.h)
+			g.watched--
 			l.guard = nil
 		}
 	}
-	if len(g.h) > 0 {
-		g.armLocked(g.h[0].at)
-	}
-	return batch
-}
-
-// leaseHeap orders leases by their next step's time.
-type leaseHeap []*Lease
-
-func (h leaseHeap) Len() int           { return len(h) }
-func (h leaseHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h leaseHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
-}
-func (h *leaseHeap) Push(x any) {
-	l := x.(*Lease)
-	l.index = len(*h)
-	*h = append(*h, l)
-}
-func (h *leaseHeap) Pop() any {
-	old := *h
-	l := old[len(old)-1]
-	old[len(old)-1] = nil
-	l.index = -1
-	*h = old[:len(old)-1]
-	return l
 }

@@ -170,43 +170,17 @@ func TestCloseLeaksNothing(t *testing.T) {
 	}
 }
 
-// BenchmarkWatchUnwatch: one lease watched and unwatched while Live others are watched.
-// Due=latest is the common case (a new lease with its lane's budget is due after the older ones);
-// Due=earliest sifts through the whole heap height. O(log n), no allocation.
-func BenchmarkWatchUnwatch(b *testing.B) {
-	for _, live := range []int{10, 1000, 10000} {
-		for _, due := range []struct {
-			name   string
-			budget time.Duration
-		}{{"latest", 90 * time.Minute}, {"earliest", 30 * time.Minute}} {
-			b.Run(fmt.Sprintf("Live=%d/Due=%s", live, due.name), func(b *testing.B) {
-				g := New()
-				defer g.Close()
-				r := &recorder{}
-				now := time.Now()
-				for i := range live {
-					g.Watch(&Lease{Owner: r, Start: now, Budget: time.Hour + time.Duration(i)*time.Millisecond, Action: Cancel})
-				}
-				l := &Lease{Owner: r, Start: now, Budget: due.budget, Action: Cancel}
-				b.ReportAllocs()
-				for b.Loop() {
-					g.Watch(l)
-					g.Unwatch(l)
-				}
-			})
-		}
-	}
-}
-
 func TestHugeBudgetSaturates(t *testing.T) {
 	for _, a := range []Action{Flag, Cancel, Terminate} {
 		l := &Lease{Budget: 1<<63 - 1, Action: a, Start: time.Now()}
 		if got := LastStep(l.Budget, l.Action); got <= 0 {
 			t.Fatalf("%v: LastStep of the largest budget overflowed to %v", a, got)
 		}
-		if at := l.due(LastStep(l.Budget, l.Action)); at.Before(l.Start) {
+		g := New()
+		if at := g.dueAt(l, LastStep(l.Budget, l.Action)); at < int64(l.Start.Sub(g.epoch)) {
 			t.Fatalf("%v: due time %v before the start", a, at)
 		}
+		g.Close()
 	}
 }
 
@@ -279,4 +253,57 @@ func TestGenOwnerGetsTheHoldsGen(t *testing.T) {
 			t.Fatalf("gens %v, want [7 8]", r.gens)
 		}
 	})
+}
+
+// TestShortLeasesDoNotRearm: a stream of leases that end well within their budgets sets the
+// guard's timer about once per first step, not once per lease: a lease due after the one the
+// timer waits for leaves it alone, and the timer that fires with nothing due is set again by the
+// next Watch only.
+func TestShortLeasesDoNotRearm(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := New()
+		defer g.Close()
+		r := &recorder{}
+		for range 2000 {
+			l := &Lease{Owner: r, Start: time.Now(), Budget: time.Second, Action: Cancel, Mark: 200 * time.Millisecond}
+			g.Watch(l)
+			time.Sleep(time.Millisecond)
+			g.Unwatch(l)
+		}
+		// 2 s of leases, the first step 200 ms after each start: about 10 wakes, each followed by
+		// one Watch that sets the timer again.
+		if arms := g.Arms(); arms > 25 {
+			t.Fatalf("the timer was set %d times for 2000 short leases", arms)
+		}
+		if len(r.got()) != 0 {
+			t.Fatalf("steps %v for leases that ended on time", r.got())
+		}
+	})
+}
+
+// TestWatchWithoutStepsTakesNoLock: a lease with no budget and no mark is not watched, and
+// Watch does not take the guard's lock for it (here held by the test).
+func TestWatchWithoutStepsTakesNoLock(t *testing.T) {
+	g := New()
+	defer g.Close()
+	g.mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		g.Watch(&Lease{Owner: &recorder{}, Start: time.Now(), Action: Cancel})
+		close(done)
+	}()
+	blocked := false
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		blocked = true
+	}
+	g.mu.Unlock()
+	<-done
+	if blocked {
+		t.Fatal("Watch of a lease with no budget and no mark waits for the guard's lock")
+	}
+	if g.Watched() != 0 {
+		t.Fatal("a lease with no steps is watched")
+	}
 }
