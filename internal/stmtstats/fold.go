@@ -320,18 +320,6 @@ func isWord(c byte) bool {
 	return c == '_' || c == '$' || isDigit(c) || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= 0x80
 }
 
-func skipSpace(s string, i int) int {
-	for i < len(s) {
-		switch s[i] {
-		case ' ', '\t', '\n', '\r', '\f', '\v':
-			i++
-		default:
-			return i
-		}
-	}
-	return i
-}
-
 func skipLineComment(s string, i int) int {
 	for i < len(s) && s[i] != '\n' {
 		i++
