@@ -7,9 +7,9 @@ import (
 	"unsafe"
 )
 
-// Folding: texts that differ only in literals share a key. A scanner walks the text once and
-// yields it as segments: runs of the text as it is, and, in place of what it folds, a fixed
-// segment:
+// Folding: texts that differ only in literals share a key. One loop walks the text once and
+// writes it to a sink (fold): runs of the text as it is, and, in place of what it folds, a fixed
+// piece:
 //
 //   - a number (42, 3.14, 1e6, 0x1F, 1_000) that is not part of a name: "?"
 //   - a string ('it''s', E'\n', $$body$$, $tag$body$tag$): "?"
@@ -19,7 +19,8 @@ import (
 //     none at the start or the end
 //
 // Names, quoted names ("t1"), parameters outside a list ($1) and everything else stay as they
-// are. The key hashes the segments, the folded text is their concatenation (Fold).
+// are. The key is the hash of what the loop writes (foldHash), the folded text is what it writes
+// (Fold).
 
 // What a byte may start, for the folder's loop.
 const (
@@ -76,14 +77,14 @@ func (o *foldSink) write(t string) {
 	o.writeSlow(t)
 }
 
-// writeByte writes c, as write does.
-func (o *foldSink) writeByte(c byte) {
+// writeSpace writes " ", as write does.
+func (o *foldSink) writeSpace() {
 	if o.n+1 < len(o.buf) && !o.display {
-		o.buf[o.n] = c
+		o.buf[o.n] = ' '
 		o.n++
 		return
 	}
-	o.writeSlow(string(rune(c)))
+	o.writeSlow(" ")
 }
 
 func (o *foldSink) writeSlow(t string) {
@@ -131,7 +132,7 @@ func fold(s string, o *foldSink) {
 	flush := func(i int) {
 		if i > run {
 			if space {
-				o.writeByte(' ')
+				o.writeSpace()
 				space = false
 			}
 			o.write(s[run:i])
@@ -153,7 +154,7 @@ func fold(s string, o *foldSink) {
 	fixed := func(i, end int, t string) int {
 		flush(i)
 		if space {
-			o.writeByte(' ')
+			o.writeSpace()
 			space = false
 		}
 		o.write(t)
