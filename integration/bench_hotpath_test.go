@@ -144,8 +144,8 @@ func hotKinds(ctx context.Context) []hotKind {
 // transaction), pgxpool's round then pgxlanes', each round's CPU time from getrusage (whose
 // granularity is the scheduler's tick: hence rounds of tens of milliseconds). It reports the
 // median CPU per call of each pool over its rounds, and the median of the rounds' ratios
-// (lanes/pgxpool-cpu), with its lowest and highest. ns/op is wall time over all calls of both
-// pools.
+// (lanes/pgxpool-cpu), with its lowest and highest. ns/op is wall time over b.N, which the rounds
+// round up to whole pairs of rounds: read the CPU metrics, not ns/op.
 func BenchmarkHotPathClientCPUPaired(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
 	for _, kind := range hotKinds(context.Background()) {
