@@ -83,12 +83,7 @@ func TestStaleWrapperAfterReuse(t *testing.T) {
 			c.Release()
 			stale, staleTx = c, tx
 			return c.l
-		}, func() (*lease, func()) {
-			c, err := p.Acquire(ctx)
-			require.NoError(t, err)
-			fresh = c
-			return c.l, c.Release
-		})
+		}, acquireInto(t, p, &fresh))
 		pid := backendPID(t, fresh)
 		freshTx, err := fresh.Begin(ctx)
 		require.NoError(t, err)
@@ -164,12 +159,7 @@ func TestStaleWrapperAfterReuse(t *testing.T) {
 			row = p.QueryRow(ctx, "select 1")
 			require.NoError(t, row.Scan(&n))
 			return row.(*leaseRow).l
-		}, func() (*lease, func()) {
-			c, err := p.Acquire(ctx)
-			require.NoError(t, err)
-			fresh = c
-			return c.l, c.Release
-		})
+		}, acquireInto(t, p, &fresh))
 		var n int
 		assert.Error(t, row.Scan(&n), "a second Scan gets pgx's answer for a closed row")
 		rows.Close()
@@ -196,12 +186,7 @@ func TestLateGuardActionOnReusedLease(t *testing.T) {
 		old = c.gen
 		c.Release()
 		return c.l
-	}, func() (*lease, func()) {
-		c, err := p.Acquire(ctx)
-		require.NoError(t, err)
-		fresh = c
-		return c.l, c.Release
-	})
+	}, acquireInto(t, p, &fresh))
 	require.NotEqual(t, old, fresh.gen)
 	pid := backendPID(t, fresh)
 	for _, a := range []txguard.Action{txguard.Flag, txguard.Mark, txguard.Cancel, txguard.Terminate} {
@@ -356,4 +341,15 @@ func TestLeaseReuseStress(t *testing.T) {
 	assert.EqualValues(t, st.NewConnsCount(), st.TotalConns(), "no session was ended")
 	p.Close()
 	goleak.VerifyNone(t, leak)
+}
+
+// acquireInto is untilReused's second step for a held connection: it acquires, keeps the Conn in
+// *c, and gives its lease and its release.
+func acquireInto(t *testing.T, p *Pool, c **Conn) func() (*lease, func()) {
+	return func() (*lease, func()) {
+		conn, err := p.Acquire(context.Background())
+		require.NoError(t, err)
+		*c = conn
+		return conn.l, conn.Release
+	}
 }

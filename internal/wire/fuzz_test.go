@@ -120,8 +120,9 @@ func (in *input) next(n int) int {
 	return v
 }
 
-// encode encodes backend messages.
+// encode encodes backend messages into one stream.
 func encode(t testing.TB, msgs ...pgproto3.BackendMessage) []byte {
+	t.Helper()
 	var b []byte
 	for _, m := range msgs {
 		var err error

@@ -62,18 +62,6 @@ func (c *cutConn) cutAt(every bool, offsets ...int) {
 	c.every = every
 }
 
-// encodeAll encodes backend messages into one stream.
-func encodeAll(t *testing.T, msgs ...pgproto3.BackendMessage) []byte {
-	t.Helper()
-	var b []byte
-	for _, m := range msgs {
-		var err error
-		b, err = m.Encode(b)
-		require.NoError(t, err)
-	}
-	return b
-}
-
 func textColumn() *pgproto3.RowDescription {
 	return &pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("v"), DataTypeOID: 25, DataTypeSize: -1, TypeModifier: -1}}}
 }
@@ -84,7 +72,7 @@ func textColumn() *pgproto3.RowDescription {
 func TestScriptReplySplitAtEveryOffset(t *testing.T) {
 	s := newScript(t, scriptOptions)
 	stream := func(round int) []byte {
-		return encodeAll(t,
+		return encode(t,
 			&pgproto3.CommandComplete{CommandTag: []byte("SET")},
 			&pgproto3.ParameterStatus{Name: "p", Value: fmt.Sprint(round)},
 			&pgproto3.ReadyForQuery{TxStatus: 'I'},
@@ -125,11 +113,11 @@ func TestScriptReplySplitAtEveryOffset(t *testing.T) {
 // gets them whole.
 func TestScriptLargeRowSplitAcrossReads(t *testing.T) {
 	s := newScript(t, scriptOptions)
-	head := encodeAll(t, textColumn(), &pgproto3.DataRow{Values: [][]byte{[]byte("small")}})
+	head := encode(t, textColumn(), &pgproto3.DataRow{Values: [][]byte{[]byte("small")}})
 	for _, size := range []int{8 << 10, 20 << 10, 300 << 10} {
 		big := strings.Repeat("z", size)
-		row := encodeAll(t, &pgproto3.DataRow{Values: [][]byte{[]byte(big)}})
-		tail := encodeAll(t, &pgproto3.DataRow{Values: [][]byte{[]byte("after")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 3")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+		row := encode(t, &pgproto3.DataRow{Values: [][]byte{[]byte(big)}})
+		tail := encode(t, &pgproto3.DataRow{Values: [][]byte{[]byte("after")}}, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 3")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 		stream := append(append(append([]byte{}, head...), row...), tail...)
 		at := len(head)
 		for _, cuts := range [][]int{
@@ -157,7 +145,7 @@ func TestScriptLargeRowSplitAcrossReads(t *testing.T) {
 // later one; the session is kept, and wire holds no buffer once it is idle again.
 func TestScriptInterruptAtEveryOffset(t *testing.T) {
 	s := newScript(t, scriptOptions)
-	reply := encodeAll(t,
+	reply := encode(t,
 		textColumn(),
 		&pgproto3.DataRow{Values: [][]byte{[]byte("a")}},
 		&pgproto3.DataRow{Values: [][]byte{bytes.Repeat([]byte("b"), 40)}},
@@ -189,8 +177,8 @@ func TestScriptInterruptInsideRowLargerThanBuffer(t *testing.T) {
 	for _, tc := range []struct {
 		size, sent int
 	}{{20 << 10, 10 << 10}, {20 << 10, 3}, {300 << 10, 3}} {
-		row := encodeAll(t, &pgproto3.DataRow{Values: [][]byte{bytes.Repeat([]byte("r"), tc.size)}})
-		head := encodeAll(t, textColumn())
+		row := encode(t, &pgproto3.DataRow{Values: [][]byte{bytes.Repeat([]byte("r"), tc.size)}})
+		head := encode(t, textColumn())
 		ctx, cancel := context.WithCancel(context.Background())
 		ch := s.exec(ctx, "select big")
 		s.expectQuery()
@@ -238,7 +226,7 @@ func TestScriptMalformedLengthBreaks(t *testing.T) {
 		{"short length", []byte{'D', 0, 0, 0, 2}, nil},
 		{"short length after a cut header", []byte{'D', 0, 0, 0, 2}, []int{3}},
 		{"long ReadyForQuery", []byte{'Z', 0, 0, 0, 6, 'I', 'I'}, nil},
-		{"short length after a message cut by a read", append(encodeAll(t, textColumn()), 'D', 0, 0, 0, 3), []int{2}},
+		{"short length after a message cut by a read", append(encode(t, textColumn()), 'D', 0, 0, 0, 3), []int{2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newScript(t, scriptOptions)
