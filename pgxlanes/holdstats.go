@@ -23,8 +23,9 @@ const (
 type holdHist [holdBuckets]atomic.Uint64
 
 // holdStats keeps each lane's recent hold times, to report the observed p99 and the timeout the
-// design notes advise (3 × p99). It is an Observer the pool adds to itself in New: every lease's
-// end records its hold time with one atomic add. No allocation, no lock on the hot path.
+// design notes advise (3 × p99). Every lease's end records its hold time with one atomic add
+// (lease.done calls record directly, not as an Observer, so that a pool without observers builds
+// no event). No allocation, no lock on the hot path.
 type holdStats struct {
 	cur atomic.Int32 // the index in hist of the window being filled
 	// hist[w][lane]: two windows that alternate.
@@ -56,12 +57,10 @@ func holdUpper(b int) time.Duration {
 	return time.Duration((uint64(holdSub+sub+1) << (n - 3)))
 }
 
-func (h *holdStats) ObserveAcquire(AcquireEvent) {}
-
-// ObserveRelease records a lease's hold time in its lane's current window.
-func (h *holdStats) ObserveRelease(e ReleaseEvent) {
-	if int(e.Lane) < numLanes {
-		h.hist[h.cur.Load()][e.Lane][holdBucket(e.Hold)].Add(1)
+// record counts a lease of lane l held for d in the lane's current window.
+func (h *holdStats) record(l Lane, d time.Duration) {
+	if int(l) < numLanes {
+		h.hist[h.cur.Load()][l][holdBucket(d)].Add(1)
 	}
 }
 

@@ -1,10 +1,12 @@
 package pgxlanes
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestHoldBuckets(t *testing.T) {
@@ -34,10 +36,10 @@ func TestHoldP99(t *testing.T) {
 		if i%100 == 0 {
 			d = 900 * time.Millisecond // 1 % slow: the p99 is still the lookups'
 		}
-		h.ObserveRelease(ReleaseEvent{Lane: Short, Hold: d})
+		h.record(Short, d)
 	}
 	for range 100 {
-		h.ObserveRelease(ReleaseEvent{Lane: Tx, Hold: 3 * time.Second})
+		h.record(Tx, 3*time.Second)
 	}
 	p, n = h.p99(Short)
 	assert.Equal(t, uint64(1000), n)
@@ -47,5 +49,29 @@ func TestHoldP99(t *testing.T) {
 	assert.GreaterOrEqual(t, p, 3*time.Second)
 	assert.Less(t, p, 4*time.Second)
 	assert.Equal(t, 6*time.Second, advisedTimeout(2*time.Second))
-	assert.Zero(t, testing.AllocsPerRun(100, func() { h.ObserveRelease(ReleaseEvent{Lane: Long, Hold: time.Second}) }))
+	assert.Zero(t, testing.AllocsPerRun(100, func() { h.record(Long, time.Second) }))
+}
+
+// TestHoldP99Live: every lease's end records its hold in its lane, with no observer added: the
+// lookups' p99 in Short, a connection held for 50 ms in Tx, against a real PostgreSQL.
+func TestHoldP99Live(t *testing.T) {
+	ctx := context.Background()
+	p := reusePool(t, "pool_max_conns=4")
+	assert.Zero(t, p.Stat().Lane(Short).HoldP99, "no lease ended yet")
+	for range 20 {
+		var n int
+		require.NoError(t, p.QueryRow(ctx, "select 1").Scan(&n))
+	}
+	c, err := p.Acquire(ctx) // a held connection: Tx
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond) // the hold being measured
+	c.Release()
+
+	short, tx := p.Stat().Lane(Short), p.Stat().Lane(Tx)
+	assert.Positive(t, short.HoldP99)
+	assert.Less(t, short.HoldP99, 50*time.Millisecond)
+	assert.GreaterOrEqual(t, tx.HoldP99, 50*time.Millisecond)
+	assert.Less(t, tx.HoldP99, 5*time.Second)
+	assert.Equal(t, 3*tx.HoldP99, tx.AdvisedTimeout)
+	assert.Zero(t, p.Stat().Lane(Long).HoldP99, "no Long lease")
 }

@@ -123,14 +123,18 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	} else {
 		srv.holders.short.add(l.pid)
 	}
-	l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action), Gen: l.gen()}
+	var mark time.Duration
 	if rt.learn {
 		l.sql = sql
-		l.guard.Mark = p.config.Short.SlowThreshold
+		mark = p.config.Short.SlowThreshold
 	}
-	// Set before Watch: once watched, the guard may act (and end the lease) at once.
-	l.watched = l.guard.Budget > 0 || l.guard.Mark > 0
-	p.guard.Watch(&l.guard)
+	// The guard watches a lease with a budget or a mark; one with neither has no ladder, and costs
+	// it nothing (its Lease stays zero: end does not Unwatch it).
+	if l.budget > 0 || mark > 0 {
+		l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action), Gen: l.gen(), Mark: mark}
+		l.watched = true // before Watch: once watched, the guard may act (and end the lease) at once
+		p.guard.Watch(&l.guard)
+	}
 	return l
 }
 
@@ -292,11 +296,12 @@ func (l *lease) done() {
 		p.fleet.release(l.fleetSlot)
 	}
 	srv.res.Release(l.slot)
-	if flagged := l.has(fFlagged); l.rt.learn || p.obs.any() || flagged {
-		hold := time.Since(l.acquired)
-		if l.rt.learn {
-			p.learned(l, hold)
-		}
+	hold := time.Since(l.acquired)
+	p.holds.record(l.rt.lane, hold)
+	if l.rt.learn {
+		p.learned(l, hold)
+	}
+	if flagged := l.has(fFlagged); flagged || p.obs.any() {
 		p.obs.release(ReleaseEvent{Lane: l.rt.lane, Tag: l.rt.tag, Hold: hold, PID: l.pid, Budget: l.budget,
 			Flagged: flagged, CallSite: l.callSite.String()})
 	}

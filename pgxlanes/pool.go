@@ -37,7 +37,7 @@ type Pool struct {
 	anyProven atomic.Bool
 	// learnLog is the learner's log state (learn.go), written only by the reporter.
 	learnLog learnLog
-	holds    holdStats // the lanes' recent hold times (holdstats.go), an observer of the pool
+	holds    holdStats // the lanes' recent hold times (holdstats.go), recorded by every lease's end
 	fleet    *fleet    // the Long lane's fleet-wide cap; nil for none
 	obs      observers
 	tracer   pgxpool.AcquireTracer // the user's, found on ConnConfig.Tracer
@@ -120,7 +120,6 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		}
 	}
 	p.obs.onViolation = cfg.OnViolation
-	p.obs.add(&p.holds)
 	primary, remote := cfg.lanesOn()
 	if err := p.addServer(ctx, cfg.Config, primary); err != nil {
 		return nil, err
