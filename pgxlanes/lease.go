@@ -291,7 +291,9 @@ func (l *lease) done() {
 		srv.holders.short.remove(l.pid)
 	}
 	srv.leased.Add(-1)
-	srv.lastUse.Store(l.acquired.UnixNano())
+	if a := l.acquired.UnixNano(); a-srv.lastUse.Load() >= int64(time.Millisecond) {
+		srv.lastUse.Store(a) // at most once a millisecond: a load is cheaper than a store
+	}
 	if l.fleetSlot >= 0 {
 		p.fleet.release(l.fleetSlot)
 	}

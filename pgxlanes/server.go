@@ -27,8 +27,9 @@ type server struct {
 	// handed to leases; open > leased means a connection is idle, so pgxpool will not dial.
 	open   atomic.Int64
 	leased atomic.Int64
-	// lastUse is when the most recently ended lease had been acquired (unix nanoseconds): if it
-	// is old, the idle connection pgxpool hands out next may be pinged first.
+	// lastUse is when the most recently ended lease had been acquired (unix nanoseconds, to
+	// within a millisecond): if it is old, the idle connection pgxpool hands out next may be
+	// pinged first.
 	lastUse atomic.Int64
 }
 

@@ -73,7 +73,9 @@ func (c *laneCounts) acquired(wait time.Duration, waited bool, err error) {
 	switch {
 	case err == nil:
 		c.acquires.Add(1)
-		c.wait.Add(int64(wait))
+		if wait != 0 { // most acquires: their lease starts when they did (acquire.go)
+			c.wait.Add(int64(wait))
+		}
 		if waited {
 			c.empty.Add(1)
 		}
