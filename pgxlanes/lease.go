@@ -223,13 +223,10 @@ func (l *lease) end(how endHow) *pgx.Conn {
 	if how == endReturn {
 		// The common case, in one lock of the wire.Conn: no drain under way, so the interrupt is
 		// dropped and the defaults are staged for whoever comes next.
-		cleaning := &p.lanes[l.rt.lane].counts.cleaning
-		cleaning.Add(1)
-		draining, fit := l.w.Finish(l)
+		draining, fit := l.w.Finish(l, &p.lanes[l.rt.lane].counts.cleaning)
 		if draining {
-			return nil // Cleaned ends the lease when the drain does
+			return nil // counted as cleaning; Cleaned ends the lease when the drain does
 		}
-		cleaning.Add(-1)
 		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
 		if !fit {
 			l.closeConn()

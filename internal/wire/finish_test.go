@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,8 +25,10 @@ func TestFinish(t *testing.T) {
 	require.NoError(t, c.QueryRow(ctx, "select current_setting('statement_timeout')").Scan(&st))
 	require.Equal(t, "12345ms", st)
 
-	draining, fit := w.Finish(cleanedFunc(func(bool) { t.Error("no drain under way") }))
+	var cleaning atomic.Int64
+	draining, fit := w.Finish(cleanedFunc(func(bool) { t.Error("no drain under way") }), &cleaning)
 	assert.False(t, draining)
+	assert.Zero(t, cleaning.Load(), "nothing to clean")
 	assert.True(t, fit)
 	require.NoError(t, c.QueryRow(ctx, "select current_setting('statement_timeout')").Scan(&st))
 	assert.Equal(t, "0", st, "the defaults are staged")
@@ -35,7 +38,11 @@ func TestFinish(t *testing.T) {
 	cancel()
 	require.Error(t, err)
 	cleaned := make(chan bool, 1)
-	draining, _ = w.Finish(cleanedFunc(func(ok bool) { cleaned <- ok }))
+	draining, _ = w.Finish(cleanedFunc(func(ok bool) {
+		assert.Equal(t, int64(1), cleaning.Load(), "counted before Cleaned runs")
+		cleaning.Add(-1)
+		cleaned <- ok
+	}), &cleaning)
 	require.True(t, draining, "the interrupted statement's replies are being drained")
 	select {
 	case ok := <-cleaned:
@@ -46,7 +53,7 @@ func TestFinish(t *testing.T) {
 	waitClean(t, w)
 
 	require.NoError(t, w.Close())
-	draining, fit = w.Finish(nil)
+	draining, fit = w.Finish(nil, nil)
 	assert.False(t, draining)
 	assert.False(t, fit, "a closed Conn is not fit")
 }
