@@ -13,9 +13,8 @@ func Cached(t *Table, sql string) bool {
 	if len(sql) == 0 {
 		return false
 	}
-	i, _ := keySlot(unsafe.StringData(sql), len(sql))
-	e := t.keys.slots[i].Load()
-	return e != nil && unsafe.StringData(e.sql) == unsafe.StringData(sql) && len(e.sql) == len(sql)
+	i, tag := keySlot(unsafe.StringData(sql), len(sql))
+	return t.keys.sets[i].lookup(unsafe.StringData(sql), len(sql), tag) != nil
 }
 
 // FoldHash is the key's hash of sql with seed, before the key cache.

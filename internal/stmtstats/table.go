@@ -211,7 +211,7 @@ func (t *Table) Threshold() time.Duration {
 // Key returns the key of the statement with the given SQL text: a hash of the text with its
 // literals, comments and redundant whitespace folded (see Fold). A text seen before at the same
 // address (a constant, or a string the caller keeps) is not folded again: the Table caches the
-// keys of up to 1,024 texts of up to 1 KiB by identity, and retains those texts (keycache.go).
+// keys of up to 4,096 texts of up to 1 KiB by identity, and retains those texts (keycache.go).
 // It allocates only when it caches a text, at the second call with that string.
 func (t *Table) Key(sql string) Key {
 	if t == nil {
