@@ -16,14 +16,14 @@ import (
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
 )
 
-// A default Table's 4096 entries take 32 KiB of heap, and its key cache 16 KiB. Feeding it
+// A default Table's 4096 entries take 32 KiB of heap, and its key cache 104 KiB. Feeding it
 // statements must not add to that beyond noise (the runtime's and the test framework's own
 // allocations, seen up to 6 KiB) and the key cache's entries: a text built per call is cached
-// when the allocator reuses the address of one seen before, at most 1,024 entries of 32 B
+// when the allocator reuses the address of one seen before, at most 4,096 entries of 32 B
 // holding texts of 32 B here.
 const (
-	tableBound  = 64 << 10
-	growthBound = 16<<10 + 1024*64
+	tableBound  = 160 << 10
+	growthBound = 16<<10 + 4096*64
 )
 
 // A million distinct statements, each fast once and slow once and one in 5000 demoted, leave the heap as

@@ -101,7 +101,7 @@
 // # Memory
 //
 // A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB) and
-// the key cache (16 KiB, and the texts it holds: at most 1,024 of at most 1 KiB; see keycache.go),
+// the key cache (104 KiB, and the texts it holds: at most 4,096 of at most 1 KiB; see keycache.go),
 // grouped in sets of eight, one cache line each. A statement lives only in the set its hash
 // selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
 // point, the time of its last change in 12 bits, the proven and demoted bits, a recently-used
