@@ -112,7 +112,10 @@ func TestFlagLogsAndKeepsTheStatementAndConnection(t *testing.T) {
 func TestCancelStopsTheStatementAndRetiresTheConnection(t *testing.T) {
 	var seen []pgxguard.Violation
 	var mu sync.Mutex
-	pool, g := guarded(t, pgxguard.Config{Budget: 200 * time.Millisecond, Action: txguard.Cancel,
+	// The ladder: flag at Budget/2, cancel at Budget, terminate at 2×Budget. A budget of 1 s
+	// leaves the cancel a second to take effect before the terminate, on a loaded machine too
+	// (with 200 ms, a cancel that took over 200 ms was overtaken by the terminate: 57P01).
+	pool, g := guarded(t, pgxguard.Config{Budget: time.Second, Action: txguard.Cancel,
 		Logger: slog.New(&recorder{}),
 		OnViolation: func(v pgxguard.Violation) {
 			mu.Lock()
