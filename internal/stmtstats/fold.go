@@ -30,10 +30,9 @@ const (
 	cOther        // may start a comment, a string, a number, a list or a quoted name: look closer
 )
 
-// classOf is the class of each byte, and a space is cPlain: a text with no two spaces in a row
-// (most texts) keeps its single spaces in the runs of the loop. classSpaced, for the other texts,
-// stops at every space.
-var classOf, classSpaced = func() (t, u [256]uint8) {
+// classOf is the class of each byte. A space is cPlain: a single space between two things that
+// stay is part of their run (plainRun stops at two spaces in a row).
+var classOf = func() (t [256]uint8) {
 	for _, c := range []byte("\t\n\r\f\v") {
 		t[c] = cSpace
 	}
@@ -44,9 +43,7 @@ var classOf, classSpaced = func() (t, u [256]uint8) {
 		t[c] = cName
 	}
 	t['$'] = cName
-	u = t
-	u[' '] = cSpace
-	return t, u
+	return t
 }()
 
 // wordByte[c] is isWord(c), as a table for the loop.
@@ -57,34 +54,64 @@ var wordByte = func() (t [256]bool) {
 	return t
 }()
 
-// foldSink takes the folded text in pieces. For a key it fills buf and hashes it at the end (a
-// text whose fold is longer than buf is hashed as buf fills); for Fold it appends to out.
+// foldSink takes the folded text in pieces. For a key it keeps the first piece where it is (a
+// text that folds to a piece of itself, as most texts without literals do, is hashed in place),
+// then fills buf and hashes it at the end (a text whose fold is longer than buf is hashed as
+// buf fills); for Fold it appends to out.
 type foldSink struct {
 	n       int
-	display bool // append to out
-	spilled bool // h has taken some of the text
+	display bool   // append to out
+	spilled bool   // h has taken some of the text
+	first   string // the first piece, while it is all that was written (not yet in buf)
 	seed    maphash.Seed
 	out     []byte
 	h       maphash.Hash
 	buf     [192]byte
 }
 
-func (o *foldSink) write(t string) {
-	if o.n+len(t) < len(o.buf) && !o.display {
+// write writes " " (if space) and t, which is not empty.
+func (o *foldSink) write(space bool, t string) {
+	if o.n == 0 && !o.spilled && !o.display {
+		if o.first != "" {
+			o.copyFirst()
+		} else if !space {
+			o.first = t
+			return
+		}
+	}
+	if o.n+len(t) < len(o.buf)-1 && !o.display {
+		if space {
+			o.buf[o.n] = ' '
+			o.n++
+		}
 		o.n += copy(o.buf[o.n:], t)
 		return
+	}
+	if space {
+		o.writeSlow(" ")
 	}
 	o.writeSlow(t)
 }
 
-// writeSpace writes " ", as write does.
-func (o *foldSink) writeSpace() {
-	if o.n+1 < len(o.buf) && !o.display {
-		o.buf[o.n] = ' '
+// writeQ writes " " (if space) and "?", as write does.
+func (o *foldSink) writeQ(space bool) {
+	if o.n+2 < len(o.buf) && o.first == "" && !o.display {
+		if space {
+			o.buf[o.n] = ' '
+			o.n++
+		}
+		o.buf[o.n] = '?'
 		o.n++
 		return
 	}
-	o.writeSlow(" ")
+	o.write(space, "?")
+}
+
+// copyFirst moves the first piece into buf, when a second follows it.
+func (o *foldSink) copyFirst() {
+	t := o.first
+	o.first = ""
+	o.writeSlow(t)
 }
 
 func (o *foldSink) writeSlow(t string) {
@@ -110,6 +137,9 @@ func (o *foldSink) writeSlow(t string) {
 // sum returns the hash of everything written (maphash's hash does not depend on how the bytes
 // were split between writes).
 func (o *foldSink) sum() uint64 {
+	if o.first != "" {
+		return maphash.String(o.seed, o.first)
+	}
 	if !o.spilled {
 		return maphash.Bytes(o.seed, o.buf[:o.n])
 	}
@@ -131,12 +161,8 @@ func fold(s string, o *foldSink) {
 	)
 	flush := func(i int) {
 		if i > run {
-			if space {
-				o.writeSpace()
-				space = false
-			}
-			o.write(s[run:i])
-			emitted = true
+			o.write(space, s[run:i])
+			space, emitted = false, true
 		}
 	}
 	// gap folds the whitespace and comments from i on, with a space that ends the run.
@@ -150,21 +176,13 @@ func fold(s string, o *foldSink) {
 		run, space = i, emitted
 		return i
 	}
-	// fixed puts t in place of s[i:end].
-	fixed := func(i, end int, t string) int {
+	// literal puts "?" in place of s[i:end].
+	literal := func(i, end int) int {
 		flush(i)
-		if space {
-			o.writeSpace()
-			space = false
-		}
-		o.write(t)
-		emitted = true
+		o.writeQ(space)
+		space, emitted = false, true
 		run = end
 		return end
-	}
-	class := &classOf
-	if doubleSpace(s) {
-		class = &classSpaced
 	}
 	i := 0
 	for i < len(s) {
@@ -180,16 +198,10 @@ func fold(s string, o *foldSink) {
 			prevWord = false
 			continue
 		}
-		switch class[c] {
+		switch classOf[c] {
 		case cPlain:
-			// The common case, in one tight loop: bytes that start nothing, four at a time.
-			i++
-			for i+4 <= len(s) && class[s[i]]|class[s[i+1]]|class[s[i+2]]|class[s[i+3]] == cPlain {
-				i += 4
-			}
-			for i < len(s) && class[s[i]] == cPlain {
-				i++
-			}
+			// The common case: bytes that start nothing, eight at a time.
+			i = plainRun(s, i+1)
 			if s[i-1] == ' ' {
 				lastSp = i - 1
 			}
@@ -197,8 +209,11 @@ func fold(s string, o *foldSink) {
 			continue
 		case cName:
 			switch {
-			case prevWord: // a digit or $ of a name
+			case prevWord: // the digits and $ of a name
 				i++
+				for i < len(s) && (isDigit(s[i]) || s[i] == '$') {
+					i++
+				}
 				continue
 			case c == '$':
 				e, ok := skipDollarString(s, i)
@@ -207,34 +222,53 @@ func fold(s string, o *foldSink) {
 					prevWord = true
 					continue
 				}
-				i = fixed(i, e, "?")
+				i = literal(i, e)
 			default:
 				j := i
 				if j > run && s[j-1] == '.' && (j-1 == run || !wordByte[s[j-2]]) {
 					j-- // .5: the dot is the number's
 				}
-				i = fixed(j, skipNumber(s, j), "?")
+				e := i + 1 // most numbers are digits alone
+				for e < len(s) && isDigit(s[e]) {
+					e++
+				}
+				if j < i || e < len(s) && numMore[s[e]] {
+					e = skipNumber(s, j)
+				}
+				i = literal(j, e)
 			}
 		case cSpace:
 			i = gap(i)
 		default: // cOther
-			switch {
-			case gapStarts(s, i): // a comment
-				i = gap(i)
-			case c == '\'':
-				i = fixed(i, skipString(s, i), "?")
-			case (c == '-' || c == '+') && unary(s, i):
-				i = fixed(i, skipNumber(s, i+1), "?")
-			case c == '(':
+			switch c {
+			case '\'':
+				i = literal(i, skipString(s, i))
+			case '(':
 				if e, ok := skipList(s, i); ok {
-					i = fixed(i, e, "(?)")
+					flush(i)
+					o.write(space, "(?)")
+					space, emitted = false, true
+					run, i = e, e
 				} else {
 					i++
 				}
-			case c == '"':
+			case '"':
 				i = skipQuoted(s, i, '"')
-			default:
-				i++
+			case '-', '/':
+				switch {
+				case gapStarts(s, i): // a comment
+					i = gap(i)
+				case c == '-' && unary(s, i):
+					i = literal(i, skipNumber(s, i+1))
+				default:
+					i++
+				}
+			default: // +
+				if unary(s, i) {
+					i = literal(i, skipNumber(s, i+1))
+				} else {
+					i++
+				}
 			}
 		}
 		prevWord = false
@@ -242,26 +276,37 @@ func fold(s string, o *foldSink) {
 	gap(len(s))
 }
 
-// doubleSpace reports whether s has two spaces in a row, eight bytes at a time.
-func doubleSpace(s string) bool {
-	const ones, spaces = 0x7f7f7f7f7f7f7f7f, 0x2020202020202020
-	b := unsafe.Slice(unsafe.StringData(s), len(s))
-	var carry uint64 // 0x80 if the byte before this word was a space
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		v := binary.LittleEndian.Uint64(b[i:]) ^ spaces
-		z := ^((v&ones + ones) | v | ones) // 0x80 in each byte that was a space
-		if z&(z<<8|carry) != 0 {
-			return true
-		}
-		carry = z >> 56
-	}
-	for ; i < len(b); i++ {
-		if b[i] == ' ' && i > 0 && b[i-1] == ' ' {
-			return true
+// stopPair[b0|b1<<8] is 1 where the loop's run stops at b0 followed by b1: b0 may start
+// something (its class is not cPlain), or b0 and b1 are two spaces (a gap starts).
+var stopPair = func() (t *[1 << 16]uint8) {
+	t = new([1 << 16]uint8)
+	for p := range t {
+		if b0, b1 := byte(p), byte(p>>8); classOf[b0] != cPlain || b0 == ' ' && b1 == ' ' {
+			t[p] = 1
 		}
 	}
-	return false
+	return t
+}()
+
+// plainRun returns the index of the first byte from i on that may start something: one whose
+// class is not cPlain, or the first of two spaces (a gap); len(s) if none. It reads the bytes in
+// overlapping pairs, four at a time, from one table: the second space of a pair costs nothing.
+func plainRun(s string, i int) int {
+	t := stopPair
+	for i+5 <= len(s) {
+		b := unsafe.Slice(unsafe.StringData(s[i:]), 5)
+		if t[binary.LittleEndian.Uint16(b)]|t[binary.LittleEndian.Uint16(b[1:])]|
+			t[binary.LittleEndian.Uint16(b[2:])]|t[binary.LittleEndian.Uint16(b[3:])] != 0 {
+			break
+		}
+		i += 4
+	}
+	for ; i < len(s); i++ {
+		if classOf[s[i]] != cPlain || s[i] == ' ' && i+1 < len(s) && s[i+1] == ' ' {
+			return i
+		}
+	}
+	return i
 }
 
 // gapStarts reports whether whitespace or a comment starts at s[i].
@@ -446,6 +491,15 @@ func skipNumber(s string, i int) int {
 	return i
 }
 
+// numMore marks the bytes after a number's leading digits that make it more than digits: a
+// separator, a fraction, an exponent or a base prefix (skipNumber reads it then).
+var numMore = func() (t [256]bool) {
+	for _, c := range []byte("_.eExXoObB") {
+		t[c] = true
+	}
+	return t
+}()
+
 // numByte marks the bytes of a number's digits: digits, _ and the dot.
 var numByte = func() (t [256]bool) {
 	for c := '0'; c <= '9'; c++ {
@@ -460,7 +514,6 @@ var numByte = func() (t [256]bool) {
 // the index after its ')'.
 func skipList(s string, i int) (int, bool) {
 	i++
-	items := 0
 	for {
 		i = skipListGap(s, i)
 		if i >= len(s) {
@@ -474,6 +527,15 @@ func skipList(s string, i int) (int, bool) {
 		}
 		c := s[i]
 		switch {
+		case isDigit(c):
+			e := i + 1 // most numbers are digits alone
+			for e < len(s) && isDigit(s[e]) {
+				e++
+			}
+			if e < len(s) && numMore[s[e]] {
+				e = skipNumber(s, i)
+			}
+			i = e
 		case c == '\'':
 			i = skipString(s, i)
 		case c == '$' && i+1 < len(s) && isDigit(s[i+1]):
@@ -484,14 +546,13 @@ func skipList(s string, i int) (int, bool) {
 				return 0, false
 			}
 			i = e
-		case isDigit(c) || c == '.' && i+1 < len(s) && isDigit(s[i+1]):
+		case c == '.' && i+1 < len(s) && isDigit(s[i+1]):
 			i = skipNumber(s, i)
 		case (c == 'E' || c == 'e') && i+1 < len(s) && s[i+1] == '\'':
 			i = skipString(s, i+1)
 		default:
 			return 0, false
 		}
-		items++
 		i = skipListGap(s, i)
 		if i >= len(s) {
 			return 0, false
@@ -500,7 +561,7 @@ func skipList(s string, i int) (int, bool) {
 		case ',':
 			i++
 		case ')':
-			return i + 1, items > 0
+			return i + 1, true
 		default:
 			return 0, false
 		}
@@ -509,14 +570,22 @@ func skipList(s string, i int) (int, bool) {
 
 // skipListGap is skipGap for the gaps of a list, most often a single space or none.
 func skipListGap(s string, i int) int {
-	for i < len(s) && s[i] == ' ' {
+	if i < len(s) && s[i] == ' ' {
 		i++
 	}
-	if i < len(s) && gapStarts(s, i) {
+	if i < len(s) && gapByte[s[i]] {
 		return skipGap(s, i)
 	}
 	return i
 }
+
+// gapByte marks the bytes that may start whitespace or a comment.
+var gapByte = func() (t [256]bool) {
+	for _, c := range []byte(" \t\n\r\f\v-/") {
+		t[c] = true
+	}
+	return t
+}()
 
 // skipGap skips whitespace and comments.
 func skipGap(s string, i int) int {

@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // foldSeeds: every TestFold case and FuzzFold seed, and texts aimed at the fast loop's edges:
@@ -57,4 +59,38 @@ func FuzzFoldMatchesReference(f *testing.F) {
 			t.Fatalf("foldHash(%q) = %x, reference %x (folded %q)", s, got, want, refFold(s, len(s)+8))
 		}
 	})
+}
+
+// naivePlainRun is plainRun a byte at a time.
+func naivePlainRun(s string, i int) int {
+	for ; i < len(s); i++ {
+		if classOf[s[i]] != cPlain || s[i] == ' ' && i+1 < len(s) && s[i+1] == ' ' {
+			return i
+		}
+	}
+	return i
+}
+
+// TestPlainRun: plainRun stops where a byte-at-a-time loop stops, for every byte at every
+// offset of a word, and for two spaces across the words' edges.
+func TestPlainRun(t *testing.T) {
+	for n := 1; n <= 26; n++ {
+		for at := range n {
+			for c := range 256 {
+				b := []byte(strings.Repeat("abc,e.g)", 4)[:n])
+				b[at] = byte(c)
+				for from := range at + 1 {
+					require.Equal(t, naivePlainRun(string(b), from), plainRun(string(b), from), "%q from %d", b, from)
+				}
+			}
+			b := []byte(strings.Repeat("a b", 9)[:n])
+			b[at] = ' '
+			if at+1 < n {
+				b[at+1] = ' '
+			}
+			for from := range at + 1 {
+				require.Equal(t, naivePlainRun(string(b), from), plainRun(string(b), from), "%q from %d", b, from)
+			}
+		}
+	}
 }
