@@ -65,19 +65,17 @@ type foldSink struct {
 	first   string // the first piece, while it is all that was written (not yet in buf)
 	seed    maphash.Seed
 	out     []byte
-	h       maphash.Hash
 	buf     [192]byte
 }
 
 // write writes " " (if space) and t, which is not empty.
-func (o *foldSink) write(space bool, t string) {
+func (o *foldSink) write(space bool, t string, h *maphash.Hash) {
 	if o.n == 0 && !o.spilled && !o.display {
-		if o.first != "" {
-			o.copyFirst()
-		} else if !space {
+		if o.first == "" && !space {
 			o.first = t
 			return
 		}
+		o.copyFirst(h)
 	}
 	if o.n+len(t) < len(o.buf)-1 && !o.display {
 		if space {
@@ -88,33 +86,39 @@ func (o *foldSink) write(space bool, t string) {
 		return
 	}
 	if space {
-		o.writeSlow(" ")
+		o.writeSlow(" ", h)
 	}
-	o.writeSlow(t)
+	o.writeSlow(t, h)
 }
 
 // writeQ writes " " (if space) and "?", as write does.
-func (o *foldSink) writeQ(space bool) {
-	if o.n+2 < len(o.buf) && o.first == "" && !o.display {
-		if space {
-			o.buf[o.n] = ' '
-			o.n++
-		}
-		o.buf[o.n] = '?'
-		o.n++
+func (o *foldSink) writeQ(space bool, h *maphash.Hash) {
+	n := o.n
+	if n+2 >= len(o.buf) || o.first != "" || o.display {
+		o.write(space, "?", h)
 		return
 	}
-	o.write(space, "?")
+	o.buf[n] = ' '
+	if space {
+		n++
+	}
+	o.buf[n] = '?'
+	o.n = n + 1
 }
 
-// copyFirst moves the first piece into buf, when a second follows it.
-func (o *foldSink) copyFirst() {
+// copyFirst moves the first piece (if any) into buf, when another follows it.
+func (o *foldSink) copyFirst(h *maphash.Hash) {
 	t := o.first
 	o.first = ""
-	o.writeSlow(t)
+	if len(t) < len(o.buf) {
+		o.n = copy(o.buf[:], t)
+		return
+	}
+	o.writeSlow(t, h)
 }
 
-func (o *foldSink) writeSlow(t string) {
+// writeSlow writes t, hashing buf into h each time it fills.
+func (o *foldSink) writeSlow(t string, h *maphash.Hash) {
 	if o.display {
 		o.out = append(o.out, t...)
 		return
@@ -125,10 +129,10 @@ func (o *foldSink) writeSlow(t string) {
 		t = t[c:]
 		if o.n == len(o.buf) {
 			if !o.spilled {
-				o.h.SetSeed(o.seed)
+				h.SetSeed(o.seed) // h is nil only for a text shorter than buf (see foldHash)
 				o.spilled = true
 			}
-			o.h.Write(o.buf[:])
+			h.Write(o.buf[:])
 			o.n = 0
 		}
 	}
@@ -136,22 +140,22 @@ func (o *foldSink) writeSlow(t string) {
 
 // sum returns the hash of everything written (maphash's hash does not depend on how the bytes
 // were split between writes).
-func (o *foldSink) sum() uint64 {
+func (o *foldSink) sum(h *maphash.Hash) uint64 {
 	if o.first != "" {
 		return maphash.String(o.seed, o.first)
 	}
 	if !o.spilled {
 		return maphash.Bytes(o.seed, o.buf[:o.n])
 	}
-	o.h.Write(o.buf[:o.n])
-	return o.h.Sum64()
+	h.Write(o.buf[:o.n])
+	return h.Sum64()
 }
 
 // fold writes the folded text of s to o in one pass. A run of bytes that stay as they are goes
 // out in one piece, when something folded (or the end) comes after it. The loop stops only at
 // bytes that may start something; a single space stays in the run, and is taken back out of it
 // when it turns out to be part of a longer gap (a second space, a comment, the end).
-func fold(s string, o *foldSink) {
+func fold(s string, o *foldSink, h *maphash.Hash) {
 	var (
 		run      int  // s[run:i] is pending, as it is
 		space    bool // whitespace or a comment was folded since the last output: " " before the next
@@ -161,7 +165,7 @@ func fold(s string, o *foldSink) {
 	)
 	flush := func(i int) {
 		if i > run {
-			o.write(space, s[run:i])
+			o.write(space, s[run:i], h)
 			space, emitted = false, true
 		}
 	}
@@ -179,7 +183,7 @@ func fold(s string, o *foldSink) {
 	// literal puts "?" in place of s[i:end].
 	literal := func(i, end int) int {
 		flush(i)
-		o.writeQ(space)
+		o.writeQ(space, h)
 		space, emitted = false, true
 		run = end
 		return end
@@ -215,6 +219,13 @@ func fold(s string, o *foldSink) {
 					i++
 				}
 				continue
+			case c == '$' && i+1 < len(s) && isDigit(s[i+1]): // $1 stays
+				i += 2
+				for i < len(s) && isDigit(s[i]) {
+					i++
+				}
+				prevWord = true
+				continue
 			case c == '$':
 				e, ok := skipDollarString(s, i)
 				if !ok {
@@ -246,7 +257,7 @@ func fold(s string, o *foldSink) {
 			case '(':
 				if e, ok := skipList(s, i); ok {
 					flush(i)
-					o.write(space, "(?)")
+					o.write(space, "(?)", h)
 					space, emitted = false, true
 					run, i = e, e
 				} else {
@@ -276,30 +287,44 @@ func fold(s string, o *foldSink) {
 	gap(len(s))
 }
 
-// stopPair[b0|b1<<8] is 1 where the loop's run stops at b0 followed by b1: b0 may start
-// something (its class is not cPlain), or b0 and b1 are two spaces (a gap starts).
+// stopPair[b0|b1<<8] describes the bytes b0 b1 for the loop's run: bit 0, one of them may start
+// something (its class is not cPlain) or both are spaces (a gap starts); bit 1, b1 is a space;
+// bit 2, b0 is a space (bits 1 and 2 find two spaces across two pairs).
 var stopPair = func() (t *[1 << 16]uint8) {
 	t = new([1 << 16]uint8)
 	for p := range t {
-		if b0, b1 := byte(p), byte(p>>8); classOf[b0] != cPlain || b0 == ' ' && b1 == ' ' {
-			t[p] = 1
+		b0, b1 := byte(p), byte(p>>8)
+		if classOf[b0] != cPlain || classOf[b1] != cPlain || b0 == ' ' && b1 == ' ' {
+			t[p] |= 1
+		}
+		if b1 == ' ' {
+			t[p] |= 2
+		}
+		if b0 == ' ' {
+			t[p] |= 4
 		}
 	}
 	return t
 }()
 
 // plainRun returns the index of the first byte from i on that may start something: one whose
-// class is not cPlain, or the first of two spaces (a gap); len(s) if none. It reads the bytes in
-// overlapping pairs, four at a time, from one table: the second space of a pair costs nothing.
+// class is not cPlain, or the first of two spaces (a gap); len(s) if none. It reads eight bytes
+// at a time as four pairs from one table, and the last bytes (or a word that may stop) one at a
+// time.
 func plainRun(s string, i int) int {
 	t := stopPair
-	for i+5 <= len(s) {
-		b := unsafe.Slice(unsafe.StringData(s[i:]), 5)
-		if t[binary.LittleEndian.Uint16(b)]|t[binary.LittleEndian.Uint16(b[1:])]|
-			t[binary.LittleEndian.Uint16(b[2:])]|t[binary.LittleEndian.Uint16(b[3:])] != 0 {
+	var prev uint8 // the last pair of the word before
+	for i+8 <= len(s) {
+		v := binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))
+		a, b, c, d := t[uint16(v)], t[uint16(v>>16)], t[uint16(v>>32)], t[uint16(v>>48)]
+		if (a|b|c|d)&1|(prev&(a>>1)|a&(b>>1)|b&(c>>1)|c&(d>>1))&2 != 0 {
 			break
 		}
-		i += 4
+		prev = d
+		i += 8
+	}
+	if prev&2 != 0 {
+		i-- // the space before the word may be the first of two
 	}
 	for ; i < len(s); i++ {
 		if classOf[s[i]] != cPlain || s[i] == ' ' && i+1 < len(s) && s[i+1] == ' ' {
@@ -324,9 +349,20 @@ func gapStarts(s string, i int) bool {
 
 // foldHash hashes the folded text without building it, and without allocating.
 func foldHash(seed maphash.Seed, sql string) uint64 {
+	if len(sql) >= len(foldSink{}.buf) {
+		return foldHashLong(seed, sql)
+	}
+	o := foldSink{seed: seed} // a fold is never longer than its text: buf holds it
+	fold(sql, &o, nil)
+	return o.sum(nil)
+}
+
+// foldHashLong is foldHash for a text whose fold may be longer than the sink's buf.
+func foldHashLong(seed maphash.Seed, sql string) uint64 {
+	var h maphash.Hash
 	o := foldSink{seed: seed}
-	fold(sql, &o)
-	return o.sum()
+	fold(sql, &o, &h)
+	return o.sum(&h)
 }
 
 // Fold returns the text as the Table keys it: literals, lists of literals, comments and
@@ -334,7 +370,7 @@ func foldHash(seed maphash.Seed, sql string) uint64 {
 // without the values it carried.
 func Fold(sql string, n int) string {
 	o := foldSink{display: true, out: make([]byte, 0, len(sql))}
-	fold(sql, &o)
+	fold(sql, &o, nil)
 	b := o.out
 	if len(b) <= n {
 		return string(b)
@@ -570,10 +606,10 @@ func skipList(s string, i int) (int, bool) {
 
 // skipListGap is skipGap for the gaps of a list, most often a single space or none.
 func skipListGap(s string, i int) int {
-	if i < len(s) && s[i] == ' ' {
-		i++
-	}
 	if i < len(s) && gapByte[s[i]] {
+		if s[i] == ' ' && i+1 < len(s) && !gapByte[s[i+1]] {
+			return i + 1
+		}
 		return skipGap(s, i)
 	}
 	return i
