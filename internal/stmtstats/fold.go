@@ -3,6 +3,7 @@ package stmtstats
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -435,6 +436,18 @@ func skipBlockComment(s string, i int) int {
 func skipString(s string, i int) int {
 	escapes := i > 0 && (s[i-1] == 'E' || s[i-1] == 'e') && (i == 1 || !isWord(s[i-2]))
 	i++
+	for !escapes {
+		k := strings.IndexByte(s[i:], '\'')
+		if k < 0 {
+			return len(s)
+		}
+		i += k
+		if i+1 < len(s) && s[i+1] == '\'' {
+			i += 2
+			continue
+		}
+		return i + 1
+	}
 	for i < len(s) {
 		switch {
 		case escapes && s[i] == '\\':
@@ -604,12 +617,9 @@ func skipList(s string, i int) (int, bool) {
 	}
 }
 
-// skipListGap is skipGap for the gaps of a list, most often a single space or none.
+// skipListGap is skipGap for the gaps of a list, most often none.
 func skipListGap(s string, i int) int {
 	if i < len(s) && gapByte[s[i]] {
-		if s[i] == ' ' && i+1 < len(s) && !gapByte[s[i+1]] {
-			return i + 1
-		}
 		return skipGap(s, i)
 	}
 	return i
