@@ -285,7 +285,12 @@ func fold(s string, o *foldSink, h *maphash.Hash) {
 		}
 		prevWord = false
 	}
-	gap(len(s))
+	// The end: what is pending goes out, without a space that ends it (gap at len(s)).
+	if n := len(s); n > run && lastSp == n-1 {
+		flush(n - 1)
+	} else {
+		flush(n)
+	}
 }
 
 // stopPair[b0|b1<<8] describes the bytes b0 b1 for the loop's run: bit 0, one of them may start
