@@ -92,19 +92,27 @@ func (o *foldSink) write(space bool, t string, h *maphash.Hash) {
 	o.writeSlow(t, h)
 }
 
-// writeQ writes " " (if space) and "?", as write does.
-func (o *foldSink) writeQ(space bool, h *maphash.Hash) {
+// writeFixed writes " " (if space), t (if not empty) and f (a fixed piece: "?" or "(?)"), as
+// write does.
+func (o *foldSink) writeFixed(space bool, t, f string, h *maphash.Hash) {
 	n := o.n
-	if n+2 >= len(o.buf) || o.first != "" || o.display {
-		o.write(space, "?", h)
+	if n == 0 || n+len(t)+len(f) >= len(o.buf)-1 || o.display {
+		if t != "" {
+			o.write(space, t, h)
+			space = false
+		}
+		o.write(space, f, h)
 		return
 	}
-	o.buf[n] = ' '
 	if space {
+		o.buf[n] = ' '
 		n++
 	}
-	o.buf[n] = '?'
-	o.n = n + 1
+	n += copy(o.buf[n:], t)
+	for k := range len(f) {
+		o.buf[n+k] = f[k]
+	}
+	o.n = n + len(f)
 }
 
 // copyFirst moves the first piece (if any) into buf, when another follows it.
@@ -181,10 +189,9 @@ func fold(s string, o *foldSink, h *maphash.Hash) {
 		run, space = i, emitted
 		return i
 	}
-	// literal puts "?" in place of s[i:end].
-	literal := func(i, end int) int {
-		flush(i)
-		o.writeQ(space, h)
+	// fixed puts f in place of s[i:end].
+	fixed := func(i, end int, f string) int {
+		o.writeFixed(space, s[run:i], f, h)
 		space, emitted = false, true
 		run = end
 		return end
@@ -234,7 +241,7 @@ func fold(s string, o *foldSink, h *maphash.Hash) {
 					prevWord = true
 					continue
 				}
-				i = literal(i, e)
+				i = fixed(i, e, "?")
 			default:
 				j := i
 				if j > run && s[j-1] == '.' && (j-1 == run || !wordByte[s[j-2]]) {
@@ -247,20 +254,17 @@ func fold(s string, o *foldSink, h *maphash.Hash) {
 				if j < i || e < len(s) && numMore[s[e]] {
 					e = skipNumber(s, j)
 				}
-				i = literal(j, e)
+				i = fixed(j, e, "?")
 			}
 		case cSpace:
 			i = gap(i)
 		default: // cOther
 			switch c {
 			case '\'':
-				i = literal(i, skipString(s, i))
+				i = fixed(i, skipString(s, i), "?")
 			case '(':
 				if e, ok := skipList(s, i); ok {
-					flush(i)
-					o.write(space, "(?)", h)
-					space, emitted = false, true
-					run, i = e, e
+					i = fixed(i, e, "(?)")
 				} else {
 					i++
 				}
@@ -271,13 +275,13 @@ func fold(s string, o *foldSink, h *maphash.Hash) {
 				case gapStarts(s, i): // a comment
 					i = gap(i)
 				case c == '-' && unary(s, i):
-					i = literal(i, skipNumber(s, i+1))
+					i = fixed(i, skipNumber(s, i+1), "?")
 				default:
 					i++
 				}
 			default: // +
 				if unary(s, i) {
-					i = literal(i, skipNumber(s, i+1))
+					i = fixed(i, skipNumber(s, i+1), "?")
 				} else {
 					i++
 				}
