@@ -19,6 +19,3 @@ func Cached(t *Table, sql string) bool {
 
 // FoldHash is the key's hash of sql with seed, before the key cache.
 func FoldHash(seed maphash.Seed, sql string) uint64 { return foldHash(seed, sql) }
-
-// DoubleSpace reports whether sql has two spaces in a row.
-func DoubleSpace(sql string) bool { return doubleSpace(sql) }

@@ -3,6 +3,7 @@ package stmtstats
 import (
 	"encoding/binary"
 	"hash/maphash"
+	"strings"
 	"unicode/utf8"
 	"unsafe"
 )
@@ -30,10 +31,9 @@ const (
 	cOther        // may start a comment, a string, a number, a list or a quoted name: look closer
 )
 
-// classOf is the class of each byte, and a space is cPlain: a text with no two spaces in a row
-// (most texts) keeps its single spaces in the runs of the loop. classSpaced, for the other texts,
-// stops at every space.
-var classOf, classSpaced = func() (t, u [256]uint8) {
+// classOf is the class of each byte. A space is cPlain: a single space between two things that
+// stay is part of their run (plainRun stops at two spaces in a row).
+var classOf = func() (t [256]uint8) {
 	for _, c := range []byte("\t\n\r\f\v") {
 		t[c] = cSpace
 	}
@@ -44,9 +44,7 @@ var classOf, classSpaced = func() (t, u [256]uint8) {
 		t[c] = cName
 	}
 	t['$'] = cName
-	u = t
-	u[' '] = cSpace
-	return t, u
+	return t
 }()
 
 // wordByte[c] is isWord(c), as a table for the loop.
@@ -57,37 +55,79 @@ var wordByte = func() (t [256]bool) {
 	return t
 }()
 
-// foldSink takes the folded text in pieces. For a key it fills buf and hashes it at the end (a
-// text whose fold is longer than buf is hashed as buf fills); for Fold it appends to out.
+// foldSink takes the folded text in pieces. For a key it keeps the first piece where it is (a
+// text that folds to a piece of itself, as most texts without literals do, is hashed in place),
+// then fills buf and hashes it at the end (a text whose fold is longer than buf is hashed as
+// buf fills); for Fold it appends to out.
 type foldSink struct {
 	n       int
-	display bool // append to out
-	spilled bool // h has taken some of the text
+	display bool   // append to out
+	spilled bool   // h has taken some of the text
+	first   string // the first piece, while it is all that was written (not yet in buf)
 	seed    maphash.Seed
 	out     []byte
-	h       maphash.Hash
 	buf     [192]byte
 }
 
-func (o *foldSink) write(t string) {
-	if o.n+len(t) < len(o.buf) && !o.display {
+// write writes " " (if space) and t, which is not empty.
+func (o *foldSink) write(space bool, t string, h *maphash.Hash) {
+	if o.n == 0 && !o.spilled && !o.display {
+		if o.first == "" && !space {
+			o.first = t
+			return
+		}
+		o.copyFirst(h)
+	}
+	if o.n+len(t) < len(o.buf)-1 && !o.display {
+		if space {
+			o.buf[o.n] = ' '
+			o.n++
+		}
 		o.n += copy(o.buf[o.n:], t)
 		return
 	}
-	o.writeSlow(t)
+	if space {
+		o.writeSlow(" ", h)
+	}
+	o.writeSlow(t, h)
 }
 
-// writeSpace writes " ", as write does.
-func (o *foldSink) writeSpace() {
-	if o.n+1 < len(o.buf) && !o.display {
-		o.buf[o.n] = ' '
-		o.n++
+// writeFixed writes " " (if space), t (if not empty) and f (a fixed piece: "?" or "(?)"), as
+// write does.
+func (o *foldSink) writeFixed(space bool, t, f string, h *maphash.Hash) {
+	n := o.n
+	if n == 0 || n+len(t)+len(f) >= len(o.buf)-1 || o.display {
+		if t != "" {
+			o.write(space, t, h)
+			space = false
+		}
+		o.write(space, f, h)
 		return
 	}
-	o.writeSlow(" ")
+	if space {
+		o.buf[n] = ' '
+		n++
+	}
+	n += copy(o.buf[n:], t)
+	for k := range len(f) {
+		o.buf[n+k] = f[k]
+	}
+	o.n = n + len(f)
 }
 
-func (o *foldSink) writeSlow(t string) {
+// copyFirst moves the first piece (if any) into buf, when another follows it.
+func (o *foldSink) copyFirst(h *maphash.Hash) {
+	t := o.first
+	o.first = ""
+	if len(t) < len(o.buf) {
+		o.n = copy(o.buf[:], t)
+		return
+	}
+	o.writeSlow(t, h)
+}
+
+// writeSlow writes t, hashing buf into h each time it fills.
+func (o *foldSink) writeSlow(t string, h *maphash.Hash) {
 	if o.display {
 		o.out = append(o.out, t...)
 		return
@@ -98,10 +138,10 @@ func (o *foldSink) writeSlow(t string) {
 		t = t[c:]
 		if o.n == len(o.buf) {
 			if !o.spilled {
-				o.h.SetSeed(o.seed)
+				h.SetSeed(o.seed) // h is nil only for a text shorter than buf (see foldHash)
 				o.spilled = true
 			}
-			o.h.Write(o.buf[:])
+			h.Write(o.buf[:])
 			o.n = 0
 		}
 	}
@@ -109,19 +149,22 @@ func (o *foldSink) writeSlow(t string) {
 
 // sum returns the hash of everything written (maphash's hash does not depend on how the bytes
 // were split between writes).
-func (o *foldSink) sum() uint64 {
+func (o *foldSink) sum(h *maphash.Hash) uint64 {
+	if o.first != "" {
+		return maphash.String(o.seed, o.first)
+	}
 	if !o.spilled {
 		return maphash.Bytes(o.seed, o.buf[:o.n])
 	}
-	o.h.Write(o.buf[:o.n])
-	return o.h.Sum64()
+	h.Write(o.buf[:o.n])
+	return h.Sum64()
 }
 
 // fold writes the folded text of s to o in one pass. A run of bytes that stay as they are goes
 // out in one piece, when something folded (or the end) comes after it. The loop stops only at
 // bytes that may start something; a single space stays in the run, and is taken back out of it
 // when it turns out to be part of a longer gap (a second space, a comment, the end).
-func fold(s string, o *foldSink) {
+func fold(s string, o *foldSink, h *maphash.Hash) {
 	var (
 		run      int  // s[run:i] is pending, as it is
 		space    bool // whitespace or a comment was folded since the last output: " " before the next
@@ -131,12 +174,8 @@ func fold(s string, o *foldSink) {
 	)
 	flush := func(i int) {
 		if i > run {
-			if space {
-				o.writeSpace()
-				space = false
-			}
-			o.write(s[run:i])
-			emitted = true
+			o.write(space, s[run:i], h)
+			space, emitted = false, true
 		}
 	}
 	// gap folds the whitespace and comments from i on, with a space that ends the run.
@@ -150,21 +189,12 @@ func fold(s string, o *foldSink) {
 		run, space = i, emitted
 		return i
 	}
-	// fixed puts t in place of s[i:end].
-	fixed := func(i, end int, t string) int {
-		flush(i)
-		if space {
-			o.writeSpace()
-			space = false
-		}
-		o.write(t)
-		emitted = true
+	// fixed puts f in place of s[i:end].
+	fixed := func(i, end int, f string) int {
+		o.writeFixed(space, s[run:i], f, h)
+		space, emitted = false, true
 		run = end
 		return end
-	}
-	class := &classOf
-	if doubleSpace(s) {
-		class = &classSpaced
 	}
 	i := 0
 	for i < len(s) {
@@ -180,16 +210,10 @@ func fold(s string, o *foldSink) {
 			prevWord = false
 			continue
 		}
-		switch class[c] {
+		switch classOf[c] {
 		case cPlain:
-			// The common case, in one tight loop: bytes that start nothing, four at a time.
-			i++
-			for i+4 <= len(s) && class[s[i]]|class[s[i+1]]|class[s[i+2]]|class[s[i+3]] == cPlain {
-				i += 4
-			}
-			for i < len(s) && class[s[i]] == cPlain {
-				i++
-			}
+			// The common case: bytes that start nothing, eight at a time.
+			i = plainRun(s, i+1)
 			if s[i-1] == ' ' {
 				lastSp = i - 1
 			}
@@ -197,8 +221,18 @@ func fold(s string, o *foldSink) {
 			continue
 		case cName:
 			switch {
-			case prevWord: // a digit or $ of a name
+			case prevWord: // the digits and $ of a name
 				i++
+				for i < len(s) && (isDigit(s[i]) || s[i] == '$') {
+					i++
+				}
+				continue
+			case c == '$' && i+1 < len(s) && isDigit(s[i+1]): // $1 stays
+				i += 2
+				for i < len(s) && isDigit(s[i]) {
+					i++
+				}
+				prevWord = true
 				continue
 			case c == '$':
 				e, ok := skipDollarString(s, i)
@@ -213,55 +247,101 @@ func fold(s string, o *foldSink) {
 				if j > run && s[j-1] == '.' && (j-1 == run || !wordByte[s[j-2]]) {
 					j-- // .5: the dot is the number's
 				}
-				i = fixed(j, skipNumber(s, j), "?")
+				e := i + 1 // most numbers are digits alone
+				for e < len(s) && isDigit(s[e]) {
+					e++
+				}
+				if j < i || e < len(s) && numMore[s[e]] {
+					e = skipNumber(s, j)
+				}
+				i = fixed(j, e, "?")
 			}
 		case cSpace:
 			i = gap(i)
 		default: // cOther
-			switch {
-			case gapStarts(s, i): // a comment
-				i = gap(i)
-			case c == '\'':
+			switch c {
+			case '\'':
 				i = fixed(i, skipString(s, i), "?")
-			case (c == '-' || c == '+') && unary(s, i):
-				i = fixed(i, skipNumber(s, i+1), "?")
-			case c == '(':
+			case '(':
 				if e, ok := skipList(s, i); ok {
 					i = fixed(i, e, "(?)")
 				} else {
 					i++
 				}
-			case c == '"':
+			case '"':
 				i = skipQuoted(s, i, '"')
-			default:
-				i++
+			case '-', '/':
+				switch {
+				case gapStarts(s, i): // a comment
+					i = gap(i)
+				case c == '-' && unary(s, i):
+					i = fixed(i, skipNumber(s, i+1), "?")
+				default:
+					i++
+				}
+			default: // +
+				if unary(s, i) {
+					i = fixed(i, skipNumber(s, i+1), "?")
+				} else {
+					i++
+				}
 			}
 		}
 		prevWord = false
 	}
-	gap(len(s))
+	// The end: what is pending goes out, without a space that ends it (gap at len(s)).
+	if n := len(s); n > run && lastSp == n-1 {
+		flush(n - 1)
+	} else {
+		flush(n)
+	}
 }
 
-// doubleSpace reports whether s has two spaces in a row, eight bytes at a time.
-func doubleSpace(s string) bool {
-	const ones, spaces = 0x7f7f7f7f7f7f7f7f, 0x2020202020202020
-	b := unsafe.Slice(unsafe.StringData(s), len(s))
-	var carry uint64 // 0x80 if the byte before this word was a space
-	i := 0
-	for ; i+8 <= len(b); i += 8 {
-		v := binary.LittleEndian.Uint64(b[i:]) ^ spaces
-		z := ^((v&ones + ones) | v | ones) // 0x80 in each byte that was a space
-		if z&(z<<8|carry) != 0 {
-			return true
+// stopPair[b0|b1<<8] describes the bytes b0 b1 for the loop's run: bit 0, one of them may start
+// something (its class is not cPlain) or both are spaces (a gap starts); bit 1, b1 is a space;
+// bit 2, b0 is a space (bits 1 and 2 find two spaces across two pairs).
+var stopPair = func() (t *[1 << 16]uint8) {
+	t = new([1 << 16]uint8)
+	for p := range t {
+		b0, b1 := byte(p), byte(p>>8)
+		if classOf[b0] != cPlain || classOf[b1] != cPlain || b0 == ' ' && b1 == ' ' {
+			t[p] |= 1
 		}
-		carry = z >> 56
-	}
-	for ; i < len(b); i++ {
-		if b[i] == ' ' && i > 0 && b[i-1] == ' ' {
-			return true
+		if b1 == ' ' {
+			t[p] |= 2
+		}
+		if b0 == ' ' {
+			t[p] |= 4
 		}
 	}
-	return false
+	return t
+}()
+
+// plainRun returns the index of the first byte from i on that may start something: one whose
+// class is not cPlain, or the first of two spaces (a gap); len(s) if none. It reads eight bytes
+// at a time as four pairs from one table, and the last bytes (or a word that may stop) one at a
+// time.
+func plainRun(s string, i int) int {
+	t := stopPair
+	var prev uint8 // the last pair of the word before
+	for i+8 <= len(s) {
+		v := binary.LittleEndian.Uint64(unsafe.Slice(unsafe.StringData(s[i:]), 8))
+		a, b, c, d := t[uint16(v)], t[uint16(v>>16)], t[uint16(v>>32)], t[uint16(v>>48)]
+		if (a|b|c|d)&1|(prev&(a>>1)|a&(b>>1)|b&(c>>1)|c&(d>>1))&2 != 0 {
+			break
+		}
+		prev = d
+		i += 8
+	}
+	if prev&2 != 0 {
+		i-- // the space before the word may be the first of two
+	}
+	for ; i < len(s); i++ {
+		if classOf[s[i]] != cPlain || s[i] == ' ' && i+1 < len(s) && s[i+1] == ' ' {
+			return i
+		}
+	}
+	return i
 }
 
 // gapStarts reports whether whitespace or a comment starts at s[i].
@@ -279,9 +359,20 @@ func gapStarts(s string, i int) bool {
 
 // foldHash hashes the folded text without building it, and without allocating.
 func foldHash(seed maphash.Seed, sql string) uint64 {
+	if len(sql) >= len(foldSink{}.buf) {
+		return foldHashLong(seed, sql)
+	}
+	o := foldSink{seed: seed} // a fold is never longer than its text: buf holds it
+	fold(sql, &o, nil)
+	return o.sum(nil)
+}
+
+// foldHashLong is foldHash for a text whose fold may be longer than the sink's buf.
+func foldHashLong(seed maphash.Seed, sql string) uint64 {
+	var h maphash.Hash
 	o := foldSink{seed: seed}
-	fold(sql, &o)
-	return o.sum()
+	fold(sql, &o, &h)
+	return o.sum(&h)
 }
 
 // Fold returns the text as the Table keys it: literals, lists of literals, comments and
@@ -289,7 +380,7 @@ func foldHash(seed maphash.Seed, sql string) uint64 {
 // without the values it carried.
 func Fold(sql string, n int) string {
 	o := foldSink{display: true, out: make([]byte, 0, len(sql))}
-	fold(sql, &o)
+	fold(sql, &o, nil)
 	b := o.out
 	if len(b) <= n {
 		return string(b)
@@ -354,6 +445,18 @@ func skipBlockComment(s string, i int) int {
 func skipString(s string, i int) int {
 	escapes := i > 0 && (s[i-1] == 'E' || s[i-1] == 'e') && (i == 1 || !isWord(s[i-2]))
 	i++
+	for !escapes {
+		k := strings.IndexByte(s[i:], '\'')
+		if k < 0 {
+			return len(s)
+		}
+		i += k
+		if i+1 < len(s) && s[i+1] == '\'' {
+			i += 2
+			continue
+		}
+		return i + 1
+	}
 	for i < len(s) {
 		switch {
 		case escapes && s[i] == '\\':
@@ -446,6 +549,15 @@ func skipNumber(s string, i int) int {
 	return i
 }
 
+// numMore marks the bytes after a number's leading digits that make it more than digits: a
+// separator, a fraction, an exponent or a base prefix (skipNumber reads it then).
+var numMore = func() (t [256]bool) {
+	for _, c := range []byte("_.eExXoObB") {
+		t[c] = true
+	}
+	return t
+}()
+
 // numByte marks the bytes of a number's digits: digits, _ and the dot.
 var numByte = func() (t [256]bool) {
 	for c := '0'; c <= '9'; c++ {
@@ -460,7 +572,6 @@ var numByte = func() (t [256]bool) {
 // the index after its ')'.
 func skipList(s string, i int) (int, bool) {
 	i++
-	items := 0
 	for {
 		i = skipListGap(s, i)
 		if i >= len(s) {
@@ -474,6 +585,15 @@ func skipList(s string, i int) (int, bool) {
 		}
 		c := s[i]
 		switch {
+		case isDigit(c):
+			e := i + 1 // most numbers are digits alone
+			for e < len(s) && isDigit(s[e]) {
+				e++
+			}
+			if e < len(s) && numMore[s[e]] {
+				e = skipNumber(s, i)
+			}
+			i = e
 		case c == '\'':
 			i = skipString(s, i)
 		case c == '$' && i+1 < len(s) && isDigit(s[i+1]):
@@ -484,14 +604,13 @@ func skipList(s string, i int) (int, bool) {
 				return 0, false
 			}
 			i = e
-		case isDigit(c) || c == '.' && i+1 < len(s) && isDigit(s[i+1]):
+		case c == '.' && i+1 < len(s) && isDigit(s[i+1]):
 			i = skipNumber(s, i)
 		case (c == 'E' || c == 'e') && i+1 < len(s) && s[i+1] == '\'':
 			i = skipString(s, i+1)
 		default:
 			return 0, false
 		}
-		items++
 		i = skipListGap(s, i)
 		if i >= len(s) {
 			return 0, false
@@ -500,23 +619,28 @@ func skipList(s string, i int) (int, bool) {
 		case ',':
 			i++
 		case ')':
-			return i + 1, items > 0
+			return i + 1, true
 		default:
 			return 0, false
 		}
 	}
 }
 
-// skipListGap is skipGap for the gaps of a list, most often a single space or none.
+// skipListGap is skipGap for the gaps of a list, most often none.
 func skipListGap(s string, i int) int {
-	for i < len(s) && s[i] == ' ' {
-		i++
-	}
-	if i < len(s) && gapStarts(s, i) {
+	if i < len(s) && gapByte[s[i]] {
 		return skipGap(s, i)
 	}
 	return i
 }
+
+// gapByte marks the bytes that may start whitespace or a comment.
+var gapByte = func() (t [256]bool) {
+	for _, c := range []byte(" \t\n\r\f\v-/") {
+		t[c] = true
+	}
+	return t
+}()
 
 // skipGap skips whitespace and comments.
 func skipGap(s string, i int) int {

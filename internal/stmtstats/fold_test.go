@@ -172,22 +172,3 @@ func BenchmarkLearnerPerCall(b *testing.B) {
 }
 
 var keySink uint64
-
-// TestDoubleSpace: two spaces in a row are found at every offset, across the 8-byte words.
-func TestDoubleSpace(t *testing.T) {
-	for n := 2; n <= 24; n++ {
-		for at := 0; at+2 <= n; at++ {
-			b := []byte(strings.Repeat("a b", n)[:n])
-			for i := range b {
-				if b[i] == ' ' {
-					b[i] = 'x'
-				}
-			}
-			assert.False(t, stmtstats.DoubleSpace(string(b)), "%q", b)
-			b[at], b[at+1] = ' ', ' '
-			assert.True(t, stmtstats.DoubleSpace(string(b)), "%q", b)
-			b[at] = '\t'
-			assert.False(t, stmtstats.DoubleSpace(string(b)), "%q", b)
-		}
-	}
-}
