@@ -89,9 +89,12 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
 	go run golang.org/x/perf/cmd/benchstat@latest -col /Impl "$out/bench.txt" || cat "$out/bench.txt"
 	echo
 	echo "== the learner's key: folded against a plain hash ($BENCHCOUNT runs each)"
-	go test -run '^$' -bench 'BenchmarkKey|LearnerPerCall' -benchmem -count "$BENCHCOUNT" ./internal/stmtstats >"$out/fold.txt" 2>&1 || true
+	go test -run '^$' -bench 'BenchmarkKey|LearnerPerCall|FoldHash|ClassifyObserve/Statements=.*/Goroutines=1/' -benchmem -count "$BENCHCOUNT" ./internal/stmtstats >"$out/fold.txt" 2>&1 || true
 	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:Key' -col /Hash "$out/fold.txt" || cat "$out/fold.txt"
 	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:LearnerPerCall' -col /Key "$out/fold.txt" || true
+	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:FoldHash' -col /Impl "$out/fold.txt" || true
+	echo "(the learner's whole step, Key + Arrive + Done, with 1 and 1,024 constant statements; HashOnly is a plain hash alone)"
+	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:ClassifyObserve' -col /Work "$out/fold.txt" || true
 fi
 echo
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
