@@ -93,9 +93,10 @@
 // query builder that inlines values (where id = 42, where id in (1,2,3)) is learned as one
 // statement. Key hashes the folded text in one pass over the text, without building it and
 // without allocating. Folding costs several times a plain hash of the text, so Key first looks
-// the string up by identity in a cache of 1,024 slots (keycache.go): a text seen before at the
-// same address, a constant or a string the caller keeps, costs an atomic load, less than the
-// plain hash; a text built per call is folded (BenchmarkKey measures the three). Texts whose
+// the string up by identity in a cache of 4,096 entries in sets of four (keycache.go): a text
+// seen before at the same address, a constant or a string the caller keeps, costs a few atomic
+// loads, less than the plain hash; a text built per call is folded (BenchmarkKey measures the
+// three). Texts whose
 // cost depends on a literal (limit 10 and limit 100000) share an entry: the price of folding.
 //
 // # Memory
