@@ -247,14 +247,7 @@ func fold(s string, o *foldSink, h *maphash.Hash) {
 				if j > run && s[j-1] == '.' && (j-1 == run || !wordByte[s[j-2]]) {
 					j-- // .5: the dot is the number's
 				}
-				e := i + 1 // most numbers are digits alone
-				for e < len(s) && isDigit(s[e]) {
-					e++
-				}
-				if j < i || e < len(s) && numMore[s[e]] {
-					e = skipNumber(s, j)
-				}
-				i = fixed(j, e, "?")
+				i = fixed(j, skipNumber(s, j), "?")
 			}
 		case cSpace:
 			i = gap(i)
@@ -522,8 +515,21 @@ func skipParam(s string, i int) int {
 }
 
 // skipNumber skips a numeric literal: digits with _ separators, a fraction, an exponent, or a
-// 0x/0o/0b prefix with its digits.
+// 0x/0o/0b prefix with its digits. Most numbers are digits alone: those are read here (one
+// call, too big to inline), and the rest by skipNumberMore.
 func skipNumber(s string, i int) int {
+	e := i
+	for e < len(s) && isDigit(s[e]) {
+		e++
+	}
+	if e < len(s) && numMore[s[e]] {
+		return skipNumberMore(s, i)
+	}
+	return e
+}
+
+// skipNumberMore is skipNumber for a number that is more than digits.
+func skipNumberMore(s string, i int) int {
 	if i+1 < len(s) && s[i] == '0' && (s[i+1]|0x20 == 'x' || s[i+1]|0x20 == 'o' || s[i+1]|0x20 == 'b') {
 		i += 2
 		for i < len(s) && (isDigit(s[i]) || s[i] == '_' || s[i]|0x20 >= 'a' && s[i]|0x20 <= 'f') {
@@ -550,7 +556,7 @@ func skipNumber(s string, i int) int {
 }
 
 // numMore marks the bytes after a number's leading digits that make it more than digits: a
-// separator, a fraction, an exponent or a base prefix (skipNumber reads it then).
+// separator, a fraction, an exponent or a base prefix (skipNumberMore reads it then).
 var numMore = func() (t [256]bool) {
 	for _, c := range []byte("_.eExXoObB") {
 		t[c] = true
@@ -586,14 +592,7 @@ func skipList(s string, i int) (int, bool) {
 		c := s[i]
 		switch {
 		case isDigit(c):
-			e := i + 1 // most numbers are digits alone
-			for e < len(s) && isDigit(s[e]) {
-				e++
-			}
-			if e < len(s) && numMore[s[e]] {
-				e = skipNumber(s, i)
-			}
-			i = e
+			i = skipNumber(s, i)
 		case c == '\'':
 			i = skipString(s, i)
 		case c == '$' && i+1 < len(s) && isDigit(s[i+1]):
