@@ -7,6 +7,7 @@
 #   docs/figures.sh            # everything, about 15 minutes
 #   RUNS=7 docs/figures.sh tests
 #   docs/figures.sh bench
+#   docs/figures.sh learner    # the learner's key benchmarks alone (part of bench)
 #   DEMO_PLOT=docs/starvation.png docs/figures.sh demo
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -87,9 +88,17 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
 		go test -run '^$' -bench 'Deadline' -count "$BENCHCOUNT" -benchtime 100x . &&
 		cd .. && go test -run '^$' -bench 'AcquireRelease|Contended' -benchmem -count "$BENCHCOUNT" ./reserve) >"$out/bench.txt" 2>&1 || true
 	go run golang.org/x/perf/cmd/benchstat@latest -col /Impl "$out/bench.txt" || cat "$out/bench.txt"
+fi
+
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = learner ]; then
 	echo
 	echo "== the learner's key: folded against a plain hash ($BENCHCOUNT runs each)"
-	go test -run '^$' -bench 'BenchmarkKey|LearnerPerCall|FoldHash|ClassifyObserve/Statements=.*/Goroutines=1/' -benchmem -count "$BENCHCOUNT" ./internal/stmtstats >"$out/fold.txt" 2>&1 || true
+	# One run of every benchmark per round, BENCHCOUNT rounds: the contenders interleaved, so
+	# that the VM's drift over minutes falls on both (-count would run each one's runs in a row).
+	(cd internal/stmtstats && go test -c -o "$out/stmtstats.test" . &&
+		for i in $(seq "$BENCHCOUNT"); do
+			"$out/stmtstats.test" -test.run '^$' -test.bench 'BenchmarkKey|LearnerPerCall|FoldHash|ClassifyObserve/Statements=.*/Goroutines=1/' -test.benchmem -test.count 1
+		done) >"$out/fold.txt" 2>&1 || true
 	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:Key' -col /Hash "$out/fold.txt" || cat "$out/fold.txt"
 	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:LearnerPerCall' -col /Key "$out/fold.txt" || true
 	go run golang.org/x/perf/cmd/benchstat@latest -filter '.name:FoldHash' -col /Impl "$out/fold.txt" || true
