@@ -555,7 +555,7 @@ func medianRangeText(v []float64) string {
 // UPDATE NOWAIT), retried here on request; RetryTx returns before ctx's deadline, without a pause
 // that crosses it, with an error that matches context.DeadlineExceeded and 55P03, every attempt's
 // lease back in its lane and no goroutine left behind. A ctx cancelled during a pause returns at
-// once.
+// once, with a *RetryError whose reason is the cancel.
 func TestRetryStopsAtDeadline(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	dsn := newBank(t, 2)
@@ -601,15 +601,40 @@ func TestRetryStopsAtDeadline(t *testing.T) {
 	assert.Equal(t, int64(re.Attempts), p.Stat().Lane(pgxlanes.Tx).Acquires, "each attempt a lease of its own")
 	lanesIdle(t, p, "after the deadline")
 
-	// Cancelled during a pause of 1 s: returns at once.
+	// Cancelled during a pause of 1 s: returns at once. The cancel comes once the first attempt's
+	// lease is back (its acquire counted, nothing in use): in the pause, whatever the load. A
+	// cancel at a fixed time could land inside a slow first attempt, whose own error RetryTx
+	// then returns as it is.
 	o.BaseDelay, o.MaxDelay = time.Second, time.Second
 	cctx, ccancel := context.WithCancel(context.Background())
-	time.AfterFunc(200*time.Millisecond, ccancel)
-	t0 := time.Now()
+	defer ccancel()
+	before := p.Stat().Lane(pgxlanes.Tx).Acquires
+	cancelled := make(chan time.Time, 1)
+	go func() {
+		for cctx.Err() == nil {
+			if ls := p.Stat().Lane(pgxlanes.Tx); ls.Acquires == before+1 && ls.InUse == 0 {
+				cancelled <- time.Now()
+				ccancel()
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
 	err = o.RetryTx(cctx, p, pgx.TxOptions{}, lockRow(cctx))
-	assert.Less(t, time.Since(t0), 700*time.Millisecond)
+	returned = time.Now()
+	var ce *pgxlanes.RetryError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, pgxlanes.RetryReasonCanceled, ce.Reason)
+	assert.Equal(t, 1, ce.Attempts)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.ErrorIs(t, err, pgxlanes.ErrRetryGaveUp)
+	select {
+	case at := <-cancelled:
+		// The pause had 1 s to run: returning within half of it is returning at the cancel.
+		assert.Less(t, returned.Sub(at), 500*time.Millisecond, "returned at the cancel, not at the pause's end")
+	default:
+		t.Fatal("RetryTx returned before the first attempt's lease was back")
+	}
 	lanesIdle(t, p, "after the cancel")
 	_, err = holder.Exec(context.Background(), `rollback`)
 	require.NoError(t, err)
