@@ -17,5 +17,11 @@ func Cached(t *Table, sql string) bool {
 	return t.keys.sets[i].lookup(unsafe.StringData(sql), len(sql), tag) != nil
 }
 
+// KeyBenchTexts and CopiesOf are the benchmarks' texts and their copies (foldref_fuzz_test.go).
+var (
+	KeyBenchTexts = keyBenchTexts
+	CopiesOf      = copiesOf
+)
+
 // FoldHash is the key's hash of sql with seed, before the key cache.
 func FoldHash(seed maphash.Seed, sql string) uint64 { return foldHash(seed, sql) }

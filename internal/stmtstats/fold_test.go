@@ -1,7 +1,6 @@
 package stmtstats_test
 
 import (
-	"fmt"
 	"hash/maphash"
 	"strconv"
 	"strings"
@@ -102,20 +101,11 @@ func FuzzFold(f *testing.F) {
 // other texts, so that the cache never takes it for a constant (with 4,096 copies, most came
 // back while the cache still remembered their address, and were cached).
 func BenchmarkKey(b *testing.B) {
-	texts := map[string]string{
-		"Len=40/Literals=0":  "select name from users where id = $1",
-		"Len=90/Literals=0":  "select id, name, email, created_at from users where tenant = $1 and id = $2 order by id",
-		"Len=90/Literals=3":  "select id, name, email from users where tenant = 42 and created_at > '2026-11-25' and id in (1,2,3)",
-		"Len=300/Literals=0": fmt.Sprintf("select %s from orders o join users u on u.id = o.user_id where o.tenant = $1 and o.state = $2 order by o.created_at desc limit $3", "o.id, o.total, o.state, o.created_at, o.updated_at, u.name, u.email, u.created_at, o.note, o.ref, o.channel, o.currency, o.discount, o.tax, o.shipping"),
-	}
 	seed := maphash.MakeSeed()
 	tab := newTable(b, 0)
-	for _, name := range []string{"Len=40/Literals=0", "Len=90/Literals=0", "Len=90/Literals=3", "Len=300/Literals=0"} {
-		s := texts[name]
-		copies := make([]string, perCallCopies)
-		for i := range copies {
-			copies[i] = strings.Clone(s)
-		}
+	for _, t := range stmtstats.KeyBenchTexts {
+		name, s := t.Name, t.SQL
+		copies := stmtstats.CopiesOf(s, perCallCopies)
 		b.Run(name+"/Hash=plain", func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
