@@ -143,6 +143,11 @@ const (
 // lane returns the index of the slot's lane.
 func (s Slot) lane() int32 { return int32(s.lf & laneMask) }
 
+// Index returns the position of s among the pool's slots, from 0 to Size-1. No two slots held
+// at once share an index, so a caller can keep state of its own per held slot in an array of
+// Size entries; an index is reused once its slot is released.
+func (s Slot) Index() int { return int(s.idx) }
+
 // Waited reports whether the acquire that returned s had to queue.
 func (s Slot) Waited() bool { return s.lf&slotWaited != 0 }
 

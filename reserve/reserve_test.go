@@ -543,7 +543,9 @@ func TestStress(t *testing.T) {
 	p, err := New(cfg)
 	require.NoError(t, err)
 	var holding [3]atomic.Int64
-	var acquires, capViolations atomic.Int64
+	var acquires, capViolations, indexClashes atomic.Int64
+	// byIndex[i] is 1 while a holder has the slot of Index i: no two held slots share one.
+	byIndex := make([]atomic.Int32, cfg.Size)
 	stop := time.Now().Add(d)
 	var wg sync.WaitGroup
 	for g := range 24 {
@@ -560,6 +562,11 @@ func TestStress(t *testing.T) {
 				cancel()
 				if err == nil {
 					acquires.Add(1)
+					if i := s.Index(); i < 0 || i >= cfg.Size || !byIndex[i].CompareAndSwap(0, 1) {
+						indexClashes.Add(1)
+						t.Errorf("slot index %d: out of [0, %d) or held twice", i, cfg.Size)
+						return
+					}
 					if n := holding[lane].Add(1); n > int64(cfg.Reachable(lane)) {
 						capViolations.Add(1)
 					}
@@ -571,6 +578,7 @@ func TestStress(t *testing.T) {
 						time.Sleep(time.Duration(rng.IntN(200)) * time.Microsecond)
 					}
 					holding[lane].Add(-1)
+					byIndex[s.Index()].Store(0)
 					p.Release(s)
 				} else if !errors.Is(err, ErrLaneFull) && !errors.Is(err, ErrAcquireTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("unexpected error %v", err)
@@ -585,6 +593,7 @@ func TestStress(t *testing.T) {
 	}
 	wg.Wait()
 	require.Zero(t, capViolations.Load(), "cap violations seen by holders")
+	require.Zero(t, indexClashes.Load(), "slot indexes shared by two holders")
 	require.Positive(t, acquires.Load(), "stress made no acquires")
 	st := p.Stat()
 	require.Equal(t, st.Size, st.Free, "at quiescence")

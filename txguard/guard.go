@@ -163,6 +163,13 @@ func (l *Lease) plan() {
 	l.n, l.cur = n, 0
 }
 
+// FirstStep returns how long after the start of a lease with budget b and action a the ladder's
+// first step is due: the earliest time the guard may act on it (a Mark aside). A caller that
+// watches its leases only once they may need the guard uses it (pgxlanes does, for its lanes).
+func FirstStep(b time.Duration, a Action) time.Duration {
+	return stepAfter(b, ladder(a)[0].halves)
+}
+
 // LastStep returns how long after the start of a lease with budget b and action a the ladder's
 // last step is due: the latest time the guard may act. Server-side backstops are set just
 // beyond it.

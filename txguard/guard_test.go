@@ -61,6 +61,9 @@ func TestLadders(t *testing.T) {
 				if LastStep(l.Budget, l.Action) != tc.want[len(tc.want)-1].elapsed {
 					t.Fatalf("LastStep %v", LastStep(l.Budget, l.Action))
 				}
+				if FirstStep(l.Budget, l.Action) != tc.want[0].elapsed {
+					t.Fatalf("FirstStep %v", FirstStep(l.Budget, l.Action))
+				}
 			})
 		})
 	}
