@@ -46,6 +46,9 @@ type lease struct {
 	// across network I/O. st is the state word: written under mu, read without it.
 	mu sync.Mutex
 	st atomic.Uint64
+	// pub is the generation of the hold last published to the sweep (sweep.go), stored after
+	// that hold's fields: the sweep reads them only if pub is the lease's generation.
+	pub atomic.Uint64
 
 	hold
 
@@ -67,9 +70,12 @@ type hold struct {
 	fleetSlot int32
 	pid       uint32
 	kind      callKind
-	// watched: the guard watches the lease (it has a budget or a mark); registered: it is in
-	// srv.holders (a Tx or Long lease).
-	watched, registered bool
+	// watched: the guard watches the lease (it has a budget or a mark; written by the sweep
+	// under mu, for a published lease); registered: it is in srv.holders (a Tx or Long lease);
+	// published: it is in srv.live, for the sweep to watch once its first step nears.
+	watched, registered, published bool
+	// lazyAt: when a published lease must be watched, in nanoseconds since clockBase (sweep.go).
+	lazyAt int64
 
 	acquired time.Time     // the connection was ready
 	budget   time.Duration // the lease's budget; 0 for none
@@ -129,11 +135,23 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 		mark = p.config.Short.SlowThreshold
 	}
 	// The guard watches a lease with a budget or a mark; one with neither has no ladder, and costs
-	// it nothing (its Lease stays zero: end does not Unwatch it).
+	// it nothing (its Lease stays zero: end does not Unwatch it). One whose first step is far
+	// off is watched by the sweep if it lasts (sweep.go); the others now.
 	if l.budget > 0 || mark > 0 {
-		l.guard = txguard.Lease{Owner: l, Start: l.acquired, Budget: l.budget, Action: guardAction(l.action), Gen: l.gen(), Mark: mark}
-		l.watched = true // before Watch: once watched, the guard may act (and end the lease) at once
-		p.guard.Watch(&l.guard)
+		// Field by field: the hold, and so l.guard, is zero (recycle).
+		g := &l.guard
+		g.Owner, g.Start, g.Budget, g.Action, g.Gen, g.Mark = l, l.acquired, l.budget, guardAction(l.action), l.gen(), mark
+		ladder := set.ladderFirst
+		if rt.budget != 0 {
+			ladder = ladderFirst(l.budget, l.action)
+		}
+		if first := firstStep(ladder, mark); first >= eagerWithin {
+			l.published, l.lazyAt = true, lazyAt(l.acquired, first)
+			p.publish(l)
+		} else {
+			l.watched = true // before Watch: once watched, the guard may act (and end the lease) at once
+			p.guard.Watch(&l.guard)
+		}
 	}
 	return l
 }
@@ -216,6 +234,12 @@ func (l *lease) hijack(gen uint64) *pgx.Conn {
 // decides then who holds it last (terminate).
 func (l *lease) end(how endHow) *pgx.Conn {
 	p := l.p
+	if l.published {
+		// Out of the sweep's table first: the phase left active under l.mu before end, so the
+		// sweep watches the lease no more, and watched below is what it last set.
+		l.published = false
+		l.unpublish()
+	}
 	if l.watched {
 		l.watched = false
 		p.guard.Unwatch(&l.guard)

@@ -31,6 +31,7 @@ type Pool struct {
 	pooler  bool // Config.TransactionPooler
 
 	guard *txguard.Guard
+	sweep sweeper // watches long leases once they near their first step (sweep.go)
 	learn *stmtstats.Table
 	prob  *probation // Short's tokens for unproven statements; nil without learning
 	// anyProven is set by the first fast run of a learned statement: probation applies from then.
@@ -66,6 +67,8 @@ type laneRuntime struct {
 	// one, for a batch begun with pgx.Batch.BeginTx.
 	txLocal     string
 	batchLocals []string
+	// ladderFirst is when the first step of the lane's own budget is due (sweep.go); 0 for none.
+	ladderFirst time.Duration
 	counts      laneCounts
 }
 
@@ -140,6 +143,7 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		}
 	}
 	p.guard = txguard.New()
+	p.startSweeper()
 	if n := cfg.Long.FleetMaxConns; n > 0 {
 		srv := p.lanes[Long].srv
 		name := cfg.Long.FleetName
@@ -162,7 +166,8 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		p.lanes[l] = laneRuntime{cfg: lc, srv: srv, idx: i,
 			session:   srv.sql.session(lc, false, 0),
 			txSession: srv.sql.session(lc, true, lc.Budget),
-			txLocal:   srv.sql.local(lc, lc.Budget), batchLocals: srv.sql.batchLocals(lc, lc.Budget)}
+			txLocal:   srv.sql.local(lc, lc.Budget), batchLocals: srv.sql.batchLocals(lc, lc.Budget),
+			ladderFirst: ladderFirst(on(lc.Budget), lc.OverBudget)}
 	}
 	var err error
 	if srv.res, err = reserve.New(cfg.reserveConfig(lanes, int(base.MaxConns))); err != nil {
@@ -176,6 +181,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	}
 	p.servers = append(p.servers, srv)
 	srv.holders.short.size(int(base.MaxConns))
+	srv.live = make([]liveEntry, base.MaxConns) // one per slot of srv.res, whose Size is MaxConns
 	return nil
 }
 
@@ -265,6 +271,9 @@ func (p *Pool) Close() {
 		}
 		for _, srv := range p.servers {
 			srv.pool.Close()
+		}
+		if p.sweep.timer != nil {
+			p.closeSweeper()
 		}
 		if p.guard != nil {
 			p.guard.Close()

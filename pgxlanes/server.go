@@ -18,6 +18,8 @@ type server struct {
 	res     *reserve.Pool
 	term    *terminator
 	holders holders
+	// live is the sweep's table: the published leases by their slot's index (sweep.go).
+	live    []liveEntry
 	sql     sessionSQL // against the values RESET restores, read at the first connect
 	learner sessionLearner
 	// connectTimeout bounds the opening of a connection (ConnConfig.ConnectTimeout of its pgxpool).

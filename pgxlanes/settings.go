@@ -228,6 +228,7 @@ func (p *Pool) learnSession(ctx context.Context, srv *server, c *pgx.Conn) error
 		// the others (the acquire timeout) before any connection exists.
 		eff, note := effectiveTimeouts(l, lr.cfg, p.explicit, u)
 		lr.cfg.StatementTimeout, lr.cfg.LockTimeout, lr.cfg.Budget = eff.StatementTimeout, eff.LockTimeout, eff.Budget
+		lr.ladderFirst = ladderFirst(on(lr.cfg.Budget), lr.cfg.OverBudget)
 		if note != "" && u.stmt.source != "client" {
 			p.obs.logger.LogAttrs(ctx, slog.LevelWarn, "pgxlanes: "+note)
 		}

@@ -1,0 +1,201 @@
+package pgxlanes
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+)
+
+// The tests of the sweep (sweep.go), against a real PostgreSQL: a lease whose first step is far
+// off is watched only once it nears it, and the guard still acts on time.
+
+// watchState returns whether l is published to the sweep and whether the guard watches it.
+func watchState(l *lease) (published, watched bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.published, l.watched
+}
+
+// TestSweepWatchesFarLeasesInTime: a held connection of a lane whose budget is 600 ms (flag) is
+// not watched at acquire; the sweep watches it before the budget, and the flag comes at the
+// budget, as for a lease watched at acquire (150 ms, the second case).
+func TestSweepWatchesFarLeasesInTime(t *testing.T) {
+	for _, tc := range []struct {
+		budget time.Duration
+		eager  bool
+	}{{600 * time.Millisecond, false}, {150 * time.Millisecond, true}} {
+		t.Run(tc.budget.String(), func(t *testing.T) {
+			p := reusePool(t, "pool_max_conns=4&lane_tx_over_budget=flag&lane_tx_budget="+tc.budget.String())
+			ctx := WithLane(context.Background(), Tx)
+			c, err := p.Acquire(ctx)
+			require.NoError(t, err)
+			defer c.Release() // a second Release does nothing; this one lets Close return if a check fails
+			start := c.l.acquired
+			published, watched := watchState(c.l)
+			assert.Equal(t, !tc.eager, published, "published to the sweep at acquire")
+			assert.Equal(t, tc.eager, watched, "watched at acquire")
+			if !tc.eager {
+				// Still unwatched well before its first step: 2 sweeps before it at the latest.
+				time.Sleep(tc.budget - 4*sweepEvery - time.Since(start))
+				_, watched = watchState(c.l)
+				assert.False(t, watched, "watched %v after acquire, long before its first step", time.Since(start))
+			}
+			require.Eventually(t, func() bool { return c.l.has(fFlagged) }, tc.budget+3*time.Second, time.Millisecond,
+				"never flagged")
+			flagged := time.Since(start)
+			t.Logf("budget %v: flagged after %v", tc.budget, flagged.Round(time.Millisecond))
+			assert.GreaterOrEqual(t, flagged, tc.budget, "flagged before the budget")
+			assert.Less(t, flagged, tc.budget+time.Second, "flagged long after the budget")
+			_, watched = watchState(c.l)
+			assert.True(t, watched, "watched (by the sweep, for the first case)")
+			c.Release()
+			assert.EqualValues(t, 1, p.Stat().Lane(Tx).BudgetFlags)
+		})
+	}
+}
+
+// TestSweepStopsWhenIdle: the sweep runs only while a published lease is held.
+func TestSweepStopsWhenIdle(t *testing.T) {
+	p := reusePool(t, "pool_max_conns=4&lane_tx_budget=10s")
+	ctx := WithLane(context.Background(), Tx)
+	assert.False(t, p.sweep.armed.Load(), "armed before any lease")
+	c, err := p.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+	published, _ := watchState(c.l)
+	require.True(t, published)
+	assert.True(t, p.sweep.armed.Load(), "not armed with a published lease held")
+	time.Sleep(3 * sweepEvery)
+	assert.True(t, p.sweep.armed.Load(), "disarmed with a published lease held")
+	c.Release()
+	require.Eventually(t, func() bool { return !p.sweep.armed.Load() }, 10*sweepEvery, time.Millisecond,
+		"still armed with no lease held")
+	// And armed again by the next one.
+	c, err = p.Acquire(ctx)
+	require.NoError(t, err)
+	assert.True(t, p.sweep.armed.Load(), "not armed again")
+	c.Release()
+}
+
+// TestSweepStress: many holders take and end leases whose budget (400 ms, flag) falls inside
+// the sweep's window, while the sweep runs; a lease held clearly past its budget is flagged once,
+// one that ends clearly before it never, whatever the interleaving with the sweep and with the
+// reuse of leases; at the end no lease is published or watched, and the sweep stops.
+func TestSweepStress(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	const budget = 400 * time.Millisecond
+	p := reusePool(t, "pool_max_conns=8&lane_tx_over_budget=flag&lane_tx_budget=400ms&lane_tx_max_conns=6")
+	defer p.Close() // before goleak looks
+	ctx := WithLane(context.Background(), Tx)
+	var over, flagged, early, missed atomic.Int64
+	var mu sync.Mutex
+	var errs []error
+	stop := time.Now().Add(3 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			for time.Now().Before(stop) {
+				c, err := p.Acquire(ctx)
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				l, gen := c.l, c.gen
+				var hold time.Duration
+				switch rng.IntN(3) {
+				case 0: // ends at once
+				case 1: // ends around the time the sweep watches it
+					hold = budget - 2*sweepEvery + time.Duration(rng.IntN(int(sweepEvery)))
+				default: // clearly over budget
+					hold = budget + 150*time.Millisecond
+				}
+				time.Sleep(hold)
+				isFlagged := l.has(fFlagged) && l.gen() == gen
+				if hold > budget {
+					over.Add(1)
+					// A late flag is possible only under extreme load: wait for it, a while.
+					for wait := time.Now(); !isFlagged && time.Since(wait) < 5*time.Second; isFlagged = l.has(fFlagged) {
+						time.Sleep(time.Millisecond)
+					}
+					if isFlagged {
+						flagged.Add(1)
+					} else {
+						missed.Add(1)
+					}
+				} else if isFlagged {
+					early.Add(1)
+				}
+				c.Release()
+			}
+		})
+	}
+	wg.Wait()
+	require.Empty(t, errs)
+	assert.Zero(t, early.Load(), "leases flagged before their budget")
+	assert.Zero(t, missed.Load(), "leases over budget never flagged")
+	assert.Positive(t, over.Load(), "no lease held over budget")
+	assert.Equal(t, over.Load(), flagged.Load())
+	assert.Equal(t, over.Load(), p.Stat().Lane(Tx).BudgetFlags, "flags counted, one per lease over budget")
+	for _, srv := range p.servers {
+		for i := range srv.live {
+			assert.Nil(t, srv.live[i].l.Load(), "live entry %d still published", i)
+		}
+	}
+	require.Eventually(t, func() bool { return !p.sweep.armed.Load() }, 10*sweepEvery, time.Millisecond,
+		"the sweep still runs with no lease held")
+}
+
+// TestFirstStep: the first step is the ladder's or the mark's, whichever is sooner; a budget of
+// a nanosecond is due at once (newLease watches it at acquire).
+func TestFirstStep(t *testing.T) {
+	for _, tc := range []struct {
+		budget time.Duration
+		action Action
+		mark   time.Duration
+		want   time.Duration
+	}{
+		{6 * time.Second, ActionCancel, 0, 3 * time.Second},
+		{6 * time.Second, ActionTerminate, 0, 3 * time.Second},
+		{6 * time.Second, ActionFlag, 0, 6 * time.Second},
+		{6 * time.Second, ActionCancel, time.Second, time.Second},
+		{time.Second, ActionCancel, 6 * time.Second, 500 * time.Millisecond},
+		{0, ActionCancel, time.Second, time.Second},
+		{time.Nanosecond, ActionCancel, 0, 0},
+	} {
+		got := firstStep(ladderFirst(tc.budget, tc.action), tc.mark)
+		assert.Equal(t, tc.want, got, "budget %v %v, mark %v", tc.budget, tc.action, tc.mark)
+	}
+}
+
+// TestLadderFirstFollowsTheSession: Short's budget follows the session's statement_timeout, read
+// at the first connection (settings.go), and so does the first step the sweep plans with.
+func TestLadderFirstFollowsTheSession(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgserver.NewDatabase(t)
+	c, err := pgx.Connect(ctx, dsn)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `do $$ begin execute format('alter database %I set statement_timeout = %L', current_database(), '20s'); end $$`)
+	require.NoError(t, err)
+	require.NoError(t, c.Close(ctx))
+	p, err := New(ctx, dsn)
+	require.NoError(t, err)
+	defer p.Close()
+	before := p.lanes[Short].ladderFirst
+	require.NoError(t, p.Ping(context.Background()))
+	assert.Equal(t, 21*time.Second, p.lanes[Short].cfg.Budget, "Short's budget: the session's statement_timeout + 1 s")
+	assert.Equal(t, ladderFirst(21*time.Second, p.lanes[Short].cfg.OverBudget), p.lanes[Short].ladderFirst,
+		"the first step (it was %v before the first connection)", before)
+}
