@@ -33,15 +33,19 @@ type route struct {
 // route is the one classification: the context's annotation wins; otherwise the method's
 // default lane, except that a statement sent to Short that the pool learned as slow takes Long's
 // capacity. An invalid lane is refused, whatever the method.
-func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
-	a := AnnotationsFrom(ctx)
-	r := route{lane: def, set: def, tag: a.Tag, prio: a.Priority, budget: a.Budget}
-	if a.LaneSet {
-		if int(a.Lane) >= numLanes {
-			return r, fmt.Errorf("pgxlanes: unknown lane %v set with WithLane (lanes are short, tx, long)", a.Lane)
+// It fills *r, the caller's: a route is a few words, and the acquire path copies it no more than
+// it must.
+func (p *Pool) route(ctx context.Context, def Lane, sql string, r *route) error {
+	*r = route{lane: def, set: def}
+	if a := annotations(ctx); a != nil {
+		r.tag, r.prio, r.budget = a.Tag, a.Priority, a.Budget
+		if a.LaneSet {
+			if int(a.Lane) >= numLanes {
+				return fmt.Errorf("pgxlanes: unknown lane %v set with WithLane (lanes are short, tx, long)", a.Lane)
+			}
+			r.lane, r.set = a.Lane, a.Lane
+			return nil
 		}
-		r.lane, r.set = a.Lane, a.Lane
-		return r, nil
 	}
 	if def == Short && p.learn != nil && sql != "" {
 		r.key, r.learn = p.learn.Key(sql), true
@@ -58,7 +62,7 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 			r.probation = p.prob != nil && p.anyProven.Load() && !(ok && time.Until(d) < p.config.Short.SlowThreshold)
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // acquire is the one place where a call gets a connection: classify, reserve a lane slot, take
@@ -66,7 +70,8 @@ func (p *Pool) route(ctx context.Context, def Lane, sql string) (route, error) {
 // observers and an AcquireTracer, whatever the outcome.
 func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string) (l *lease, err error) {
 	start := monoNow()
-	rt, err := p.route(ctx, def, sql)
+	var rt route
+	err = p.route(ctx, def, sql, &rt)
 	if p.tracer != nil {
 		ctx = p.tracer.TraceAcquireStart(ctx, p.tracedPool(rt), pgxpool.TraceAcquireStartData{})
 	}
@@ -127,7 +132,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	if waited || fslot >= 0 || rt.probation || !idle {
 		acquired = monoNow()
 	}
-	return p.newLease(pc, slot, rt, kind, sql, fslot, acquired), nil
+	return p.newLease(pc, slot, &rt, kind, sql, fslot, acquired), nil
 }
 
 // adopt makes a lease for an idle connection of AcquireAllIdle, if lane rt may take a slot
@@ -138,7 +143,7 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 	if !ok {
 		return nil, false
 	}
-	l := p.newLease(pc, slot, rt, kindHeld, "", -1, time.Now())
+	l := p.newLease(pc, slot, &rt, kindHeld, "", -1, time.Now())
 	p.reportAcquire(ctx, rt, l.acquired, false, l, nil)
 	return l, true
 }

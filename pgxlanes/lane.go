@@ -63,11 +63,17 @@ type annotationsKey struct{}
 
 // AnnotationsFrom returns the annotations ctx carries. Middleware uses it to read them back.
 func AnnotationsFrom(ctx context.Context) Annotations {
-	a, _ := ctx.Value(annotationsKey{}).(*Annotations)
-	if a == nil {
-		return Annotations{}
+	if a := annotations(ctx); a != nil {
+		return *a
 	}
-	return *a
+	return Annotations{}
+}
+
+// annotations returns the annotations ctx carries, nil for none, without copying them: every
+// WithLane, WithTag, WithPriority and WithBudget stores a new Annotations, never changed after.
+func annotations(ctx context.Context) *Annotations {
+	a, _ := ctx.Value(annotationsKey{}).(*Annotations)
+	return a
 }
 
 func withAnnotations(ctx context.Context, f func(*Annotations)) context.Context {

@@ -94,7 +94,7 @@ type hold struct {
 
 // newLease turns a pgxpool connection and a lane slot into a lease: it stages the session
 // settings the lease needs and starts watching its budget.
-func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind callKind, sql string, fleetSlot int32, acquired time.Time) *lease {
+func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind callKind, sql string, fleetSlot int32, acquired time.Time) *lease {
 	conn := pc.Conn()
 	w := wireOf(conn.PgConn())
 	srv := p.lanes[rt.lane].srv
@@ -104,7 +104,7 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt route, kind call
 	srv.term.warm()
 	l := newLeaseValue()
 	l.p, l.srv, l.pc, l.conn, l.w, l.slot = p, srv, pc, conn, w, slot
-	l.rt, l.kind, l.pid, l.fleetSlot = rt, kind, conn.PgConn().PID(), fleetSlot
+	l.rt, l.kind, l.pid, l.fleetSlot = *rt, kind, conn.PgConn().PID(), fleetSlot
 	srv.leased.Add(1)
 	set := &p.lanes[rt.set]
 	l.budget, l.action = on(set.cfg.Budget), set.cfg.OverBudget

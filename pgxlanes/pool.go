@@ -417,8 +417,8 @@ func (p *Pool) AcquireFunc(ctx context.Context, f func(*Conn) error) error {
 // without waiting; each gets a lane slot. The others are put back. Like pgxpool's, it is meant for
 // health checks and keep-alives. A context that names an invalid lane gets none.
 func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
-	rt, err := p.route(ctx, Tx, "")
-	if err != nil {
+	var rt route
+	if err := p.route(ctx, Tx, "", &rt); err != nil {
 		return nil
 	}
 	idle := p.lanes[rt.lane].srv.pool.AcquireAllIdle(ctx)

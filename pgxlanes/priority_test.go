@@ -18,8 +18,8 @@ func TestWithPriority(t *testing.T) {
 	assert.Equal(t, "checkout", a.Tag, "annotations keep each other")
 	assert.Equal(t, PriorityLow, AnnotationsFrom(WithPriority(ctx, PriorityLow)).Priority, "the innermost wins")
 
-	rt, err := (&Pool{}).route(WithPriority(context.Background(), PriorityCritical), Short, "")
-	require.NoError(t, err)
+	var rt route
+	require.NoError(t, (&Pool{}).route(WithPriority(context.Background(), PriorityCritical), Short, "", &rt))
 	assert.Equal(t, int(PriorityCritical), rt.caller().Priority, "the call passes its priority to the reserve")
 }
 

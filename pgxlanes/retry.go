@@ -203,7 +203,8 @@ func (o RetryOptions) Do(ctx context.Context, pool *Pool, attempt func(ctx conte
 	r := retrier{o: &o, start: time.Now()}
 	if pool != nil && pool.obs.any() {
 		r.pool = pool
-		rt, _ := pool.route(ctx, Tx, "")
+		var rt route
+		_ = pool.route(ctx, Tx, "", &rt) // an invalid lane is for the attempt's Begin to report; rt says Tx
 		r.lane, r.tag = rt.lane, rt.tag
 	}
 	for n := 1; ; n++ {
