@@ -11,8 +11,8 @@ import (
 // The guard watches a lease only once it may need it. Most leases end in milliseconds, long
 // before the first step of their ladder (Budget/2 or Budget) or their mark (the slow threshold),
 // and for them a Watch and an Unwatch, two locks of the guard's one mutex, were the largest item
-// of an acquire and release after the clock. So a lease whose first step is more than eagerWithin
-// away is not watched at acquire: it is published in its server's live table, one atomic store,
+// of an acquire and release after the clock. So a lease whose first step is eagerWithin (200 ms)
+// or more away is not watched at acquire: it is published in its server's live table, one atomic store,
 // and a sweep every sweepEvery, run while such leases are held, watches those that will reach
 // their first step within two sweeps. The guard then acts at the same times as before: a lease
 // is watched at least one sweep (50 ms) before its first step is due, so a sweep's own delay of up

@@ -45,17 +45,23 @@ func TestSweepWatchesFarLeasesInTime(t *testing.T) {
 			assert.Equal(t, !tc.eager, published, "published to the sweep at acquire")
 			assert.Equal(t, tc.eager, watched, "watched at acquire")
 			if !tc.eager {
-				// Still unwatched well before its first step: 2 sweeps before it at the latest.
+				// Unwatched until two sweeps before its first step. The sweep cannot watch it
+				// earlier, so a lease seen watched with less time gone is the sweep's error; a
+				// sleep that overshoots (a loaded machine) makes the check say nothing, not fail.
 				time.Sleep(tc.budget - 4*sweepEvery - time.Since(start))
 				_, watched = watchState(c.l)
-				assert.False(t, watched, "watched %v after acquire, long before its first step", time.Since(start))
+				gone := time.Since(start)
+				assert.False(t, watched && gone < tc.budget-2*sweepEvery, "watched %v after acquire, before two sweeps from its first step", gone)
+				if gone >= tc.budget-2*sweepEvery {
+					t.Logf("slept to %v, past the sweep's window: the check above said nothing", gone)
+				}
 			}
 			require.Eventually(t, func() bool { return c.l.has(fFlagged) }, tc.budget+3*time.Second, time.Millisecond,
 				"never flagged")
 			flagged := time.Since(start)
 			t.Logf("budget %v: flagged after %v", tc.budget, flagged.Round(time.Millisecond))
 			assert.GreaterOrEqual(t, flagged, tc.budget, "flagged before the budget")
-			assert.Less(t, flagged, tc.budget+time.Second, "flagged long after the budget")
+			assert.Less(t, flagged, tc.budget+2*time.Second, "flagged long after the budget")
 			_, watched = watchState(c.l)
 			assert.True(t, watched, "watched (by the sweep, for the first case)")
 			c.Release()
@@ -78,7 +84,7 @@ func TestSweepStopsWhenIdle(t *testing.T) {
 	time.Sleep(3 * sweepEvery)
 	assert.True(t, p.sweep.armed.Load(), "disarmed with a published lease held")
 	c.Release()
-	require.Eventually(t, func() bool { return !p.sweep.armed.Load() }, 10*sweepEvery, time.Millisecond,
+	require.Eventually(t, func() bool { return !p.sweep.armed.Load() }, 5*time.Second, time.Millisecond,
 		"still armed with no lease held")
 	// And armed again by the next one.
 	c, err = p.Acquire(ctx)
@@ -97,7 +103,9 @@ func TestSweepStress(t *testing.T) {
 	p := reusePool(t, "pool_max_conns=8&lane_tx_over_budget=flag&lane_tx_budget=400ms&lane_tx_max_conns=6")
 	defer p.Close() // before goleak looks
 	ctx := WithLane(context.Background(), Tx)
-	var over, flagged, early, missed atomic.Int64
+	// late: leases meant to end before their budget that a loaded machine kept past it (their
+	// release came after the budget), which the guard may rightly have flagged.
+	var over, flagged, early, missed, late atomic.Int64
 	var mu sync.Mutex
 	var errs []error
 	stop := time.Now().Add(3 * time.Second)
@@ -113,7 +121,7 @@ func TestSweepStress(t *testing.T) {
 					mu.Unlock()
 					return
 				}
-				l, gen := c.l, c.gen
+				l, gen, acquired := c.l, c.gen, c.l.acquired
 				var hold time.Duration
 				switch rng.IntN(3) {
 				case 0: // ends at once
@@ -124,6 +132,7 @@ func TestSweepStress(t *testing.T) {
 				}
 				time.Sleep(hold)
 				isFlagged := l.has(fFlagged) && l.gen() == gen
+				held := time.Since(acquired) // after the look: a flag seen means this much time had gone
 				if hold > budget {
 					over.Add(1)
 					// A late flag is possible only under extreme load: wait for it, a while.
@@ -135,10 +144,13 @@ func TestSweepStress(t *testing.T) {
 					} else {
 						missed.Add(1)
 					}
-				} else if isFlagged {
-					early.Add(1)
+				} else if isFlagged && held < budget {
+					early.Add(1) // a sleep that overshot past the budget may see a flag, rightly
 				}
 				c.Release()
+				if hold <= budget && time.Since(acquired) >= budget {
+					late.Add(1)
+				}
 			}
 		})
 	}
@@ -148,13 +160,16 @@ func TestSweepStress(t *testing.T) {
 	assert.Zero(t, missed.Load(), "leases over budget never flagged")
 	assert.Positive(t, over.Load(), "no lease held over budget")
 	assert.Equal(t, over.Load(), flagged.Load())
-	assert.Equal(t, over.Load(), p.Stat().Lane(Tx).BudgetFlags, "flags counted, one per lease over budget")
+	n := p.Stat().Lane(Tx).BudgetFlags
+	assert.GreaterOrEqual(t, n, over.Load(), "flags counted, one per lease over budget")
+	assert.LessOrEqual(t, n, over.Load()+late.Load(), "flags counted for leases ended before their budget (%d kept past it by the machine)", late.Load())
+	t.Logf("%d leases over budget flagged; %d meant to end before it were kept past it", over.Load(), late.Load())
 	for _, srv := range p.servers {
 		for i := range srv.live {
 			assert.Nil(t, srv.live[i].l.Load(), "live entry %d still published", i)
 		}
 	}
-	require.Eventually(t, func() bool { return !p.sweep.armed.Load() }, 10*sweepEvery, time.Millisecond,
+	require.Eventually(t, func() bool { return !p.sweep.armed.Load() }, 5*time.Second, time.Millisecond,
 		"the sweep still runs with no lease held")
 }
 
