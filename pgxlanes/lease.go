@@ -145,7 +145,7 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind cal
 		if rt.budget != 0 {
 			ladder = ladderFirst(l.budget, l.action)
 		}
-		if first := firstStep(ladder, mark); first >= eagerWithin {
+		if first := firstStep(ladder, mark); first >= eagerWithin && slot.Index() < len(srv.live) {
 			l.published, l.lazyAt = true, lazyAt(l.acquired, first)
 			p.publish(l)
 		} else {

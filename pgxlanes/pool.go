@@ -181,7 +181,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	}
 	p.servers = append(p.servers, srv)
 	srv.holders.short.size(int(base.MaxConns))
-	srv.live = make([]liveEntry, base.MaxConns) // one per slot of srv.res, whose Size is MaxConns
+	srv.live = make([]liveEntry, min(int(base.MaxConns), liveMax)) // one per slot of srv.res (Size: MaxConns), up to liveMax
 	return nil
 }
 

@@ -21,10 +21,13 @@ import (
 // finds nothing to watch or wait for stops.
 //
 // The table has one entry per reserve slot of the server (reserve.Slot.Index), each on a cache
-// line of its own: leases acquired at once have neighbouring slots.
+// line of its own (leases acquired at once have neighbouring slots), up to liveMax entries: a
+// pool may have a MaxConns of millions and hold a few. A lease whose slot is past the table is
+// watched at acquire.
 const (
 	sweepEvery  = 50 * time.Millisecond
 	eagerWithin = 4 * sweepEvery
+	liveMax     = 1024 // 64 KiB
 )
 
 // liveEntry is a live table's entry: the lease holding the slot, if it is published.

@@ -214,3 +214,26 @@ func TestLadderFirstFollowsTheSession(t *testing.T) {
 	assert.Equal(t, ladderFirst(21*time.Second, p.lanes[Short].cfg.OverBudget), p.lanes[Short].ladderFirst,
 		"the first step (it was %v before the first connection)", before)
 }
+
+// TestSweepTableIsBounded: the live table has at most liveMax entries, whatever MaxConns (pgx's
+// own TestPoolAcquireWithMaxConnsEqualsMaxInt32 runs out of memory otherwise); a lease whose slot
+// is past the table is watched at acquire, as before the sweep.
+func TestSweepTableIsBounded(t *testing.T) {
+	huge := reusePool(t, "pool_max_conns=2147483647")
+	assert.Len(t, huge.servers[0].live, liveMax)
+
+	p := reusePool(t, "pool_max_conns=4&lane_tx_budget=10s")
+	p.servers[0].live = p.servers[0].live[:1] // before any lease: a table of one entry
+	ctx := WithLane(context.Background(), Tx)
+	first, err := p.Acquire(ctx)
+	require.NoError(t, err)
+	defer first.Release()
+	second, err := p.Acquire(ctx)
+	require.NoError(t, err)
+	defer second.Release()
+	require.Equal(t, []int{0, 1}, []int{first.l.slot.Index(), second.l.slot.Index()})
+	published, watched := watchState(first.l)
+	assert.True(t, published && !watched, "the lease of slot 0: published, not watched")
+	published, watched = watchState(second.l)
+	assert.True(t, !published && watched, "the lease of slot 1, past the table: watched at acquire")
+}
