@@ -108,8 +108,10 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind cal
 	srv.leased.Add(1)
 	set := &p.lanes[rt.set]
 	l.budget, l.action = on(set.cfg.Budget), set.cfg.OverBudget
+	ladder := set.ladderFirst // when the budget's first step is due (sweep.go)
 	if rt.budget != 0 {
 		l.budget = on(rt.budget)
+		ladder = ladderFirst(l.budget, l.action)
 	}
 	switch {
 	case kind != kindTx:
@@ -141,10 +143,6 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind cal
 		// Field by field: the hold, and so l.guard, is zero (recycle).
 		g := &l.guard
 		g.Owner, g.Start, g.Budget, g.Action, g.Gen, g.Mark = l, l.acquired, l.budget, guardAction(l.action), l.gen(), mark
-		ladder := set.ladderFirst
-		if rt.budget != 0 {
-			ladder = ladderFirst(l.budget, l.action)
-		}
 		if first := firstStep(ladder, mark); first >= eagerWithin && slot.Index() < len(srv.live) {
 			l.published, l.lazyAt = true, lazyAt(l.acquired, first)
 			p.publish(l)

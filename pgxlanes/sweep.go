@@ -53,7 +53,7 @@ func (p *Pool) startSweeper() {
 // publish hands lease l, which is not watched, to the sweep: from now on the sweep may watch it,
 // under l.mu. Every field the sweep reads (the guard's Lease, lazyAt) is written before.
 func (p *Pool) publish(l *lease) {
-	l.pub.Store(l.gen())
+	l.pub.Store(l.guard.Gen) // the hold's generation, as newLease gave it to the guard's entry
 	l.srv.live[l.slot.Index()].l.Store(l)
 	if !p.sweep.armed.Load() && p.sweep.armed.CompareAndSwap(false, true) {
 		p.sweep.timer.Reset(sweepEvery)
