@@ -99,13 +99,13 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	}
 	waited = slot.Waited()
 	if slot.HeldBack() {
-		p.heldBack(rt, time.Since(start))
+		p.heldBack(rt, start.since())
 	}
 	fslot := int32(-1)
 	if p.fleet != nil && rt.lane == Long {
 		var deadline time.Time
 		if t := on(p.lanes[Long].cfg.AcquireTimeout); t > 0 {
-			deadline = start.Add(t)
+			deadline = start.time().Add(t)
 		}
 		if fslot, err = p.fleet.acquire(ctx, deadline); err != nil {
 			srv.res.Release(slot)
@@ -143,7 +143,7 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 	if !ok {
 		return nil, false
 	}
-	l := p.newLease(pc, slot, &rt, kindHeld, "", -1, time.Now())
+	l := p.newLease(pc, slot, &rt, kindHeld, "", -1, monoNow())
 	p.reportAcquire(ctx, rt, l.acquired, false, l, nil)
 	return l, true
 }
@@ -154,10 +154,10 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 // is handed over at once (pgxpool pings only those idle over a second): ctx as is, no allocation.
 // Otherwise a pingCtx bounds a ping by the lane's acquire timeout, and leaves a dial to
 // ConnectTimeout (pingctx.go).
-func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (_ context.Context, release func(), idle bool) {
+func (p *Pool) poolCtx(ctx context.Context, rt route, start mono) (_ context.Context, release func(), idle bool) {
 	lr := &p.lanes[rt.lane]
 	srv := lr.srv
-	idle = srv.open.Load() > srv.leased.Load() && start.UnixNano()-srv.lastUse.Load() < int64(500*time.Millisecond)
+	idle = srv.open.Load() > srv.leased.Load() && int64(start)-srv.lastUse.Load() < int64(500*time.Millisecond)
 	t := on(lr.cfg.AcquireTimeout)
 	if t == 0 || idle {
 		return ctx, nil, idle
@@ -167,8 +167,8 @@ func (p *Pool) poolCtx(ctx context.Context, rt route, start time.Time) (_ contex
 }
 
 // laneError converts an error of the reserve or fleet step.
-func (p *Pool) laneError(rt route, start time.Time, err error) *AcquireError {
-	e := &AcquireError{Lane: rt.lane, Tag: rt.tag, Waited: time.Since(start), Err: err}
+func (p *Pool) laneError(rt route, start mono, err error) *AcquireError {
+	e := &AcquireError{Lane: rt.lane, Tag: rt.tag, Waited: start.since(), Err: err}
 	var re *reserve.AcquireError
 	if errors.As(err, &re) {
 		e.InUse, e.MaxConns, e.Waiting = re.InUse, re.MaxConns, re.Waiting
@@ -191,7 +191,7 @@ func (p *Pool) laneError(rt route, start time.Time, err error) *AcquireError {
 }
 
 // dialError converts an error of pgxpool's step.
-func (p *Pool) dialError(ctx context.Context, rt route, start time.Time, err error) *AcquireError {
+func (p *Pool) dialError(ctx context.Context, rt route, start mono, err error) *AcquireError {
 	switch {
 	case ctx.Err() != nil:
 		err = ctx.Err()
@@ -204,13 +204,13 @@ func (p *Pool) dialError(ctx context.Context, rt route, start time.Time, err err
 }
 
 // reportAcquire is the acquire's one report: the lane's counters, the observers and the tracer.
-func (p *Pool) reportAcquire(ctx context.Context, rt route, start time.Time, waited bool, l *lease, err error) {
+func (p *Pool) reportAcquire(ctx context.Context, rt route, start mono, waited bool, l *lease, err error) {
 	var wait time.Duration
 	var conn *pgx.Conn
 	if l != nil {
-		wait, conn = l.acquired.Sub(start), l.conn
+		wait, conn = time.Duration(l.acquired-start), l.conn
 	} else {
-		wait = time.Since(start)
+		wait = start.since()
 	}
 	if int(rt.lane) < numLanes {
 		p.lanes[rt.lane].counts.acquired(wait, waited, err)

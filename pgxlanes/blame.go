@@ -15,70 +15,15 @@ import (
 const blameInterval = time.Second
 
 // holders is the registry of the pool's unbounded-lane leases by backend PID: the transactions
-// and held connections that may sit on row locks. Short leases are only noted in short, a
-// lock-free set of PIDs, so that the short hot path pays two atomic operations for it and the
-// lookups name them as the pool's own.
+// and held connections that may sit on row locks. Short leases are only noted by their PID in
+// their slot's entry of the server's live table (liveEntry.pid), so that the Short hot path pays
+// two atomic stores for it, on a cache line it owns while it holds the slot, and the lookups name
+// them as the pool's own (server.holdsShort).
 type holders struct {
 	mu     sync.Mutex
 	byPID  map[uint32]*lease // guarded by mu
-	short  pidSet
-	last   atomic.Int64 // unix nanos of the last lookup
+	last   atomic.Int64      // unix nanos of the last lookup
 	lookup sync.WaitGroup
-}
-
-// pidSet is a fixed-size open-addressing set of PIDs, without locks: the PIDs of the Short leases
-// in flight. It holds up to len(slots) of them; one that finds it full is not noted (the lookup
-// then cannot name it as the pool's).
-type pidSet struct {
-	slots atomic.Pointer[[]atomic.Uint32]
-	init  sync.Once
-}
-
-// size makes the set room for n PIDs, once.
-func (s *pidSet) size(n int) {
-	s.init.Do(func() {
-		slots := make([]atomic.Uint32, min(max(2*n, 16), 4096)) // MaxConns may be huge
-		s.slots.Store(&slots)
-	})
-}
-
-func (s *pidSet) add(pid uint32) {
-	sl := s.slots.Load()
-	if sl == nil || pid == 0 {
-		return
-	}
-	n := uint32(len(*sl))
-	for i := range n {
-		if (*sl)[(pid+i)%n].CompareAndSwap(0, pid) {
-			return
-		}
-	}
-}
-
-func (s *pidSet) remove(pid uint32) {
-	sl := s.slots.Load()
-	if sl == nil || pid == 0 {
-		return
-	}
-	n := uint32(len(*sl))
-	for i := range n {
-		if (*sl)[(pid+i)%n].CompareAndSwap(pid, 0) {
-			return
-		}
-	}
-}
-
-func (s *pidSet) has(pid uint32) bool {
-	sl := s.slots.Load()
-	if sl == nil || pid == 0 {
-		return false
-	}
-	for i := range *sl {
-		if (*sl)[i].Load() == pid {
-			return true
-		}
-	}
-	return false
 }
 
 func (h *holders) add(l *lease) {
@@ -180,7 +125,7 @@ func (p *Pool) blameLockTimeout(l *lease) {
 				if m.CallSite != "" {
 					g = append(g, slog.String("call_site", m.CallSite))
 				}
-			} else if srv.holders.short.has(h.pid) {
+			} else if srv.holdsShort(h.pid) {
 				g = append(g, slog.String("lane", Short.String()))
 			} else {
 				g = append(g, slog.String("lane", "not this pool"))

@@ -77,7 +77,7 @@ type hold struct {
 	// lazyAt: when a published lease must be watched, in nanoseconds since clockBase (sweep.go).
 	lazyAt int64
 
-	acquired time.Time     // the connection was ready
+	acquired mono          // the connection was ready
 	budget   time.Duration // the lease's budget; 0 for none
 	action   Action        // what happens past it
 
@@ -94,7 +94,7 @@ type hold struct {
 
 // newLease turns a pgxpool connection and a lane slot into a lease: it stages the session
 // settings the lease needs and starts watching its budget.
-func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind callKind, sql string, fleetSlot int32, acquired time.Time) *lease {
+func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind callKind, sql string, fleetSlot int32, acquired mono) *lease {
 	conn := pc.Conn()
 	w := wireOf(conn.PgConn())
 	srv := p.lanes[rt.lane].srv
@@ -128,8 +128,8 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind cal
 	if rt.lane != Short {
 		l.registered = true
 		srv.holders.add(l) // after every field the lock-holder lookup reads is written
-	} else {
-		srv.holders.short.add(l.pid)
+	} else if i := slot.Index(); i < len(srv.live) {
+		srv.live[i].pid.Store(l.pid)
 	}
 	var mark time.Duration
 	if rt.learn {
@@ -140,15 +140,15 @@ func (p *Pool) newLease(pc *pgxpool.Conn, slot reserve.Slot, rt *route, kind cal
 	// it nothing (its Lease stays zero: end does not Unwatch it). One whose first step is far
 	// off is watched by the sweep if it lasts (sweep.go); the others now.
 	if l.budget > 0 || mark > 0 {
-		// Field by field: the hold, and so l.guard, is zero (recycle).
+		// Field by field: the hold, and so l.guard, is zero (recycle). Its Start is set by
+		// whoever watches it (watch), here or in the sweep.
 		g := &l.guard
-		g.Owner, g.Start, g.Budget, g.Action, g.Gen, g.Mark = l, l.acquired, l.budget, guardAction(l.action), l.gen(), mark
+		g.Owner, g.Budget, g.Action, g.Gen, g.Mark = l, l.budget, guardAction(l.action), l.gen(), mark
 		if first := firstStep(ladder, mark); first >= eagerWithin && slot.Index() < len(srv.live) {
 			l.published, l.lazyAt = true, lazyAt(l.acquired, first)
 			p.publish(l)
 		} else {
-			l.watched = true // before Watch: once watched, the guard may act (and end the lease) at once
-			p.guard.Watch(&l.guard)
+			l.watch()
 		}
 	}
 	return l
@@ -306,18 +306,18 @@ func (l *lease) done() {
 	p, srv := l.p, l.srv
 	if l.registered {
 		srv.holders.remove(l)
-	} else {
-		srv.holders.short.remove(l.pid)
+	} else if i := l.slot.Index(); i < len(srv.live) {
+		srv.live[i].pid.Store(0)
 	}
 	srv.leased.Add(-1)
-	if a := l.acquired.UnixNano(); a-srv.lastUse.Load() >= int64(time.Millisecond) {
+	if a := int64(l.acquired); a-srv.lastUse.Load() >= int64(time.Millisecond) {
 		srv.lastUse.Store(a) // at most once a millisecond: a load is cheaper than a store
 	}
 	if l.fleetSlot >= 0 {
 		p.fleet.release(l.fleetSlot)
 	}
 	srv.res.Release(l.slot)
-	hold := time.Since(l.acquired)
+	hold := l.acquired.since()
 	p.holds.record(l.rt.lane, hold)
 	if l.rt.learn {
 		p.learned(l, hold)
@@ -396,7 +396,7 @@ func (l *lease) fail(err error) error {
 	}
 	if isPg && pgErr.Code == "57P01" && l.terminating() {
 		// The server's own word that the guard's terminate happened.
-		return l.budgetError(ActionTerminate, time.Since(l.acquired), nil).with(err)
+		return l.budgetError(ActionTerminate, l.acquired.since(), nil).with(err)
 	}
 	if isPg && pgErr.Code == "55P03" {
 		l.p.blameLockTimeout(l)

@@ -139,7 +139,7 @@ func (l *lease) beginCommit() error {
 		if v := l.violation.Load(); v != nil {
 			return v
 		}
-		return l.budgetError(ActionTerminate, time.Since(l.acquired), nil)
+		return l.budgetError(ActionTerminate, l.acquired.since(), nil)
 	}
 	return ErrReleased
 }

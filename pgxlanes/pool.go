@@ -180,7 +180,6 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		return fmt.Errorf("pgxlanes: %w", err)
 	}
 	p.servers = append(p.servers, srv)
-	srv.holders.short.size(int(base.MaxConns))
 	srv.live = make([]liveEntry, min(int(base.MaxConns), liveMax)) // one per slot of srv.res (Size: MaxConns), up to liveMax
 	return nil
 }

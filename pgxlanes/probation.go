@@ -150,7 +150,7 @@ func (pr *probation) inUse() int {
 // false); or, if it is proven meanwhile, lets it go without one (rt.probation = false). ctx and Short's acquire timeout (from start) bound the
 // wait; the queue is bounded by Short's MaxWaiters. The token is held until the lease ends
 // (learned gives it back).
-func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
+func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
 	pr := p.prob
 	cfg := &p.lanes[Short].cfg
 	var timeout <-chan time.Time
@@ -178,7 +178,7 @@ func (p *Pool) probe(ctx context.Context, rt *route, start time.Time) error {
 
 		if timeout == nil {
 			if t := on(cfg.AcquireTimeout); t > 0 {
-				timer := time.NewTimer(time.Until(start.Add(t)))
+				timer := time.NewTimer(t - start.since())
 				defer timer.Stop()
 				timeout = timer.C
 			}

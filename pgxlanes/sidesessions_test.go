@@ -2,7 +2,6 @@ package pgxlanes
 
 import (
 	"hash/fnv"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -44,38 +43,6 @@ func TestFleetNameDefaultAndKey(t *testing.T) {
 	h.Write([]byte("pgxlanes long fleet:orders"))
 	assert.Equal(t, int32(h.Sum32()), fleetKey("orders"))
 	assert.NotEqual(t, fleetKey("orders"), fleetKey("billing"))
-}
-
-// TestPIDSet: the lock-free set of Short PIDs under concurrent adds and removes (run with -race).
-func TestPIDSet(t *testing.T) {
-	var s pidSet
-	s.add(7) // before size: a no-op, not a panic
-	s.size(8)
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pid := uint32(1000 + g)
-			for range 1000 {
-				s.add(pid)
-				if !s.has(pid) {
-					t.Errorf("pid %d missing after add", pid)
-					return
-				}
-				s.remove(pid)
-			}
-			s.add(pid)
-		}()
-	}
-	wg.Wait()
-	for g := range 8 {
-		assert.True(t, s.has(uint32(1000+g)))
-	}
-	assert.False(t, s.has(7))
-	assert.False(t, s.has(0))
-	s.remove(1000)
-	assert.False(t, s.has(1000))
 }
 
 // TestLeaseStateCommit: the Commit transitions of the lease's state table, phase by phase.

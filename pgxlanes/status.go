@@ -198,7 +198,7 @@ func (p *Pool) Status() Status {
 // resolve. Its fields are set before it is registered, or atomic. Caller must hold the registry's
 // lock (srv.holders.mu): a lease leaves the registry before it can be reused.
 func (l *lease) status(now time.Time) (LeaseStatus, callSite) {
-	ls := LeaseStatus{Lane: l.rt.lane, Tag: l.rt.tag, PID: l.pid, Age: now.Sub(l.acquired), Budget: l.budget,
+	ls := LeaseStatus{Lane: l.rt.lane, Tag: l.rt.tag, PID: l.pid, Age: now.Sub(l.acquired.time()), Budget: l.budget,
 		Action: l.action, Flagged: l.has(fFlagged)}
 	switch l.kind {
 	case kindTx:

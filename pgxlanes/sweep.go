@@ -23,17 +23,34 @@ import (
 // The table has one entry per reserve slot of the server (reserve.Slot.Index), each on a cache
 // line of its own (leases acquired at once have neighbouring slots), up to liveMax entries: a
 // pool may have a MaxConns of millions and hold a few. A lease whose slot is past the table is
-// watched at acquire.
+// watched at acquire. The entry also notes the PID of a Short lease holding the slot, for the
+// lock-holder lookup (holders).
 const (
 	sweepEvery  = 50 * time.Millisecond
 	eagerWithin = 4 * sweepEvery
-	liveMax     = 1024 // 64 KiB
+	liveMax     = 4096 // 256 KiB at most, for a MaxConns of 4,096 or more
 )
 
-// liveEntry is a live table's entry: the lease holding the slot, if it is published.
+// liveEntry is a live table's entry: the lease holding the slot, if it is published, and the
+// backend PID of a Short lease holding it (holders), 0 for none.
 type liveEntry struct {
-	l atomic.Pointer[lease]
-	_ [56]byte
+	l   atomic.Pointer[lease]
+	pid atomic.Uint32
+	_   [52]byte
+}
+
+// holdsShort reports whether a Short lease of srv holds the session of backend pid, as far as the
+// live table knows: a Short lease whose slot is past the table is not noted.
+func (srv *server) holdsShort(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	for i := range srv.live {
+		if srv.live[i].pid.Load() == pid {
+			return true
+		}
+	}
+	return false
 }
 
 // sweeper runs a pool's sweeps, on a timer armed only while a published lease is held.
@@ -63,10 +80,19 @@ func (p *Pool) publish(l *lease) {
 // unpublish takes l out of its server's live table, before its slot goes back to the reserve.
 func (l *lease) unpublish() { l.srv.live[l.slot.Index()].l.Store(nil) }
 
+// watch has the guard watch lease l, whose guard entry is filled but for its Start, from now on:
+// at acquire (newLease), or under l.mu once its first step nears (the sweep). watched is set
+// first: once watched, the guard may act (and end the lease) at once.
+func (l *lease) watch() {
+	l.watched = true
+	l.guard.Start = l.acquired.time()
+	l.p.guard.Watch(&l.guard)
+}
+
 // lazyAt returns when a lease acquired at acquired, whose first step is first after that, must
 // be watched: two sweeps before the step, in nanoseconds since clockBase.
-func lazyAt(acquired time.Time, first time.Duration) int64 {
-	return int64(acquired.Sub(clockBase)) + int64(first) - int64(2*sweepEvery)
+func lazyAt(acquired mono, first time.Duration) int64 {
+	return int64(acquired) + int64(first) - int64(2*sweepEvery)
 }
 
 // ladderFirst returns how long after its start the first step of the ladder of budget b and
@@ -111,7 +137,7 @@ func (p *Pool) runSweep() {
 // sweepOnce watches every published lease that is due to be watched, and reports whether any
 // published lease is left unwatched.
 func (p *Pool) sweepOnce() (pending bool) {
-	now := int64(time.Since(clockBase))
+	now := int64(monoNow())
 	for _, srv := range p.servers {
 		for i := range srv.live {
 			l := srv.live[i].l.Load()
@@ -125,8 +151,7 @@ func (p *Pool) sweepOnce() (pending bool) {
 			st := l.st.Load()
 			if ph := leasePhase(st & phaseMask); st>>genShift == l.pub.Load() && (ph == phActive || ph == phCommitting) && !l.watched {
 				if l.lazyAt <= now {
-					l.watched = true
-					p.guard.Watch(&l.guard)
+					l.watch()
 				} else {
 					pending = true
 				}

@@ -48,9 +48,9 @@ func TestSweepWatchesFarLeasesInTime(t *testing.T) {
 				// Unwatched until two sweeps before its first step. The sweep cannot watch it
 				// earlier, so a lease seen watched with less time gone is the sweep's error; a
 				// sleep that overshoots (a loaded machine) makes the check say nothing, not fail.
-				time.Sleep(tc.budget - 4*sweepEvery - time.Since(start))
+				time.Sleep(tc.budget - 4*sweepEvery - start.since())
 				_, watched = watchState(c.l)
-				gone := time.Since(start)
+				gone := start.since()
 				assert.False(t, watched && gone < tc.budget-2*sweepEvery, "watched %v after acquire, before two sweeps from its first step", gone)
 				if gone >= tc.budget-2*sweepEvery {
 					t.Logf("slept to %v, past the sweep's window: the check above said nothing", gone)
@@ -58,7 +58,7 @@ func TestSweepWatchesFarLeasesInTime(t *testing.T) {
 			}
 			require.Eventually(t, func() bool { return c.l.has(fFlagged) }, tc.budget+3*time.Second, time.Millisecond,
 				"never flagged")
-			flagged := time.Since(start)
+			flagged := start.since()
 			t.Logf("budget %v: flagged after %v", tc.budget, flagged.Round(time.Millisecond))
 			assert.GreaterOrEqual(t, flagged, tc.budget, "flagged before the budget")
 			assert.Less(t, flagged, tc.budget+2*time.Second, "flagged long after the budget")
@@ -132,7 +132,7 @@ func TestSweepStress(t *testing.T) {
 				}
 				time.Sleep(hold)
 				isFlagged := l.has(fFlagged) && l.gen() == gen
-				held := time.Since(acquired) // after the look: a flag seen means this much time had gone
+				held := acquired.since() // after the look: a flag seen means this much time had gone
 				if hold > budget {
 					over.Add(1)
 					// A late flag is possible only under extreme load: wait for it, a while.
@@ -148,7 +148,7 @@ func TestSweepStress(t *testing.T) {
 					early.Add(1) // a sleep that overshot past the budget may see a flag, rightly
 				}
 				c.Release()
-				if hold <= budget && time.Since(acquired) >= budget {
+				if hold <= budget && acquired.since() >= budget {
 					late.Add(1)
 				}
 			}
@@ -236,4 +236,63 @@ func TestSweepTableIsBounded(t *testing.T) {
 	assert.True(t, published && !watched, "the lease of slot 0: published, not watched")
 	published, watched = watchState(second.l)
 	assert.True(t, !published && watched, "the lease of slot 1, past the table: watched at acquire")
+}
+
+// TestShortHoldersInLiveTable: a Short lease notes its backend's PID in its slot's entry of the
+// live table for as long as it holds the slot, and only then, also while leases come and go on
+// every slot at once (run with -race); a lease whose slot is past the table is not noted, and the
+// others still are.
+func TestShortHoldersInLiveTable(t *testing.T) {
+	p := reusePool(t, "pool_max_conns=4")
+	srv := p.servers[0]
+	ctx := WithLane(context.Background(), Short)
+	c, err := p.Acquire(ctx)
+	require.NoError(t, err)
+	pid := c.Conn().PgConn().PID()
+	assert.True(t, srv.holdsShort(pid), "a held Short lease is noted")
+	assert.False(t, srv.holdsShort(0), "PID 0 is never a holder")
+	c.Release()
+	assert.False(t, srv.holdsShort(pid), "a released lease is not noted")
+
+	tx, err := p.Begin(context.Background()) // the Tx lane: in the registry, not the live table's PIDs
+	require.NoError(t, err)
+	assert.False(t, srv.holdsShort(tx.Conn().PgConn().PID()))
+	require.NoError(t, tx.Rollback(context.Background()))
+
+	var wg sync.WaitGroup
+	var wrong atomic.Int64
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				c, err := p.Acquire(ctx)
+				if err != nil {
+					wrong.Add(1)
+					return
+				}
+				if !srv.holdsShort(c.Conn().PgConn().PID()) {
+					wrong.Add(1)
+				}
+				c.Release()
+			}
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, wrong.Load(), "a held lease not noted (or an acquire failed)")
+	for i := range srv.live {
+		assert.Zero(t, srv.live[i].pid.Load(), "entry %d still notes a PID after every lease ended", i)
+	}
+
+	p = reusePool(t, "pool_max_conns=4")
+	srv = p.servers[0]
+	srv.live = srv.live[:1] // before any lease: a table of one entry
+	first, err := p.Acquire(ctx)
+	require.NoError(t, err)
+	defer first.Release()
+	second, err := p.Acquire(ctx)
+	require.NoError(t, err)
+	defer second.Release()
+	require.Equal(t, []int{0, 1}, []int{first.l.slot.Index(), second.l.slot.Index()})
+	assert.True(t, srv.holdsShort(first.Conn().PgConn().PID()), "slot 0: noted")
+	assert.False(t, srv.holdsShort(second.Conn().PgConn().PID()), "slot 1, past the table: not noted")
 }
