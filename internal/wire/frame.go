@@ -32,6 +32,7 @@ const (
 	beNotification = 'A'
 	beParamStatus  = 'S'
 	beCopyIn       = 'G'
+	beDataRow      = 'D'
 )
 
 // header returns the type and total size (type byte included) of the message at the start of b,

@@ -177,6 +177,14 @@ func (c *Conn) frameLocked(b []byte) int {
 		if !ok {
 			break
 		}
+		if typ == beDataRow && o == i && size >= headerLen && size <= len(b)-i && c.rowsOwnedLocked() {
+			// The bulk of most replies: a whole row of a reply that is pgconn's, with nothing
+			// dropped before it, stays where it is (as ownedLocked and the copy below would
+			// leave it).
+			i += size
+			o = i
+			continue
+		}
 		if !c.sizeOKLocked(typ, size) {
 			return o
 		}
@@ -333,6 +341,12 @@ func (c *Conn) deliverLocked(p []byte) int {
 	}
 	c.releaseLocked()
 	return n
+}
+
+// rowsOwnedLocked reports whether a DataRow from the server now is pgconn's, as ownedLocked would
+// say (and it would change nothing): a row never ends a request. Caller must hold c.mu.
+func (c *Conn) rowsOwnedLocked() bool {
+	return c.st == stateStartup || len(c.reqs) == 0 || !c.reqs[0].swallow()
 }
 
 // ownedLocked classifies a message from the server, pops the request a ReadyForQuery ends, and

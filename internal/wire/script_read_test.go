@@ -241,3 +241,37 @@ func TestScriptMalformedLengthBreaks(t *testing.T) {
 		})
 	}
 }
+
+// Rows of a reply that pgconn does not get (a staged query's before pgconn's, a queued one's
+// after it) are dropped wherever the client's read is cut, also when they come in the same read
+// as pgconn's own rows: pgconn gets its rows, and only those.
+func TestScriptRowsOfSwallowedReplies(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	reply := func(tag string, vals ...string) []pgproto3.BackendMessage {
+		msgs := []pgproto3.BackendMessage{textColumn()}
+		for _, v := range vals {
+			msgs = append(msgs, &pgproto3.DataRow{Values: [][]byte{[]byte(v)}})
+		}
+		return append(msgs, &pgproto3.CommandComplete{CommandTag: []byte(tag)}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	}
+	var msgs []pgproto3.BackendMessage
+	msgs = append(msgs, reply("SELECT 2", "staged1", "staged2")...)
+	msgs = append(msgs, reply("SELECT 3", "a", "b", "c")...)
+	msgs = append(msgs, reply("SELECT 2", "after1", "after2")...)
+	stream := encode(t, msgs...)
+	for k := 0; k < len(stream); k++ { // k == 0: every read a single byte
+		s.w.Stage(fmt.Sprintf("select staged %d", k))
+		s.w.After("select after")
+		ch := s.exec(context.Background(), "select v")
+		require.Equal(t, fmt.Sprintf("select staged %d", k), s.expectQuery())
+		require.Equal(t, "select v", s.expectQuery())
+		require.Equal(t, "select after", s.expectQuery())
+		s.cut.cutAt(k == 0, k)
+		s.sendRaw(stream)
+		r := result(t, ch)
+		require.NoError(t, r.firstErr(), "cut at %d", k)
+		require.Len(t, r.res, 1, "cut at %d: a swallowed reply reached pgconn", k)
+		assert.Equal(t, []string{"a", "b", "c"}, rows(r.res[0]), "cut at %d", k)
+		assert.False(t, s.w.Failed())
+	}
+}
