@@ -54,6 +54,58 @@ func BenchmarkHotPathAcquireRelease(b *testing.B) {
 	}
 }
 
+// BenchmarkHotPathAcquireReleasePaired measures what the goal is stated in: pgxlanes' acquire
+// and release over pgxpool's, in nanoseconds. The pools (pgxpool, pgxlanes on Short, on Tx) run
+// rounds of 16,384 acquire+release each, one after the other, taking turns to go first, so that
+// the VM's drift (a third of pgxpool's own cost over a day) falls on all alike. It reports each
+// pool's median wall time per call over its rounds, and for each lane the median over the rounds
+// of its round's time minus pgxpool's in the same turn (<lane>-over-ns/op), with the lowest and
+// highest. ns/op is wall time over b.N, rounded up to whole turns: read the other metrics.
+func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	ctx := context.Background()
+	acq := func(p benchPool) error { return p.acquireRelease(ctx) }
+	for _, clients := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("Clients=%d", clients), func(b *testing.B) {
+			impls := hotImpls(pgxlanes.Short, pgxlanes.Tx)
+			var pools []benchPool
+			for _, impl := range impls {
+				pools = append(pools, openWarm(b, impl, dsn, acq))
+			}
+			const round = 16384
+			per := make([][]float64, len(pools))
+			over := make([][]float64, len(pools))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for done, r := 0, 0; done < b.N; done, r = done+len(pools)*round, r+1 {
+				turn := make([]float64, len(pools))
+				for j := range pools {
+					k := (j + r) % len(pools)
+					p := pools[k]
+					start := time.Now()
+					if err := runRound(clients, round, func() error { return acq(p) }); err != nil {
+						b.Fatal(err)
+					}
+					turn[k] = float64(time.Since(start)) / round
+					per[k] = append(per[k], turn[k])
+				}
+				for k := 1; k < len(pools); k++ {
+					over[k] = append(over[k], turn[k]-turn[0])
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
+			for k := 1; k < len(pools); k++ {
+				name := strings.TrimPrefix(impls[k].name, "pgxlanes-")
+				b.ReportMetric(medianF(per[k]), name+"-ns/op")
+				b.ReportMetric(medianF(over[k]), name+"-over-ns/op")
+				b.ReportMetric(slices.Min(over[k]), name+"-over-min-ns/op")
+				b.ReportMetric(slices.Max(over[k]), name+"-over-max-ns/op")
+			}
+		})
+	}
+}
+
 // cpuTime is the process's user plus system CPU time so far.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
