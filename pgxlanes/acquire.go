@@ -157,7 +157,8 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, b
 func (p *Pool) poolCtx(ctx context.Context, rt route, start mono) (_ context.Context, release func(), idle bool) {
 	lr := &p.lanes[rt.lane]
 	srv := lr.srv
-	idle = srv.open.Load() > srv.leased.Load() && int64(start)-srv.lastUse.Load() < int64(500*time.Millisecond)
+	last := srv.lastUse.Load()
+	idle = srv.open.Load() > srv.leased.Load() && last != 0 && int64(start)-last < int64(500*time.Millisecond)
 	t := on(lr.cfg.AcquireTimeout)
 	if t == 0 || idle {
 		return ctx, nil, idle

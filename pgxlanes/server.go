@@ -29,9 +29,9 @@ type server struct {
 	// handed to leases; open > leased means a connection is idle, so pgxpool will not dial.
 	open   atomic.Int64
 	leased atomic.Int64
-	// lastUse is when the most recently ended lease had been acquired (unix nanoseconds, to
-	// within a millisecond): if it is old, the idle connection pgxpool hands out next may be
-	// pinged first.
+	// lastUse is when the most recently ended lease had been acquired (a mono reading, to within
+	// a millisecond; 0 before any lease ended): if it is old, or none ended yet, the idle
+	// connection pgxpool hands out next may be pinged first.
 	lastUse atomic.Int64
 }
 
