@@ -223,15 +223,7 @@ func TestSweepTableIsBounded(t *testing.T) {
 	assert.Len(t, huge.servers[0].live, liveMax)
 
 	p := reusePool(t, "pool_max_conns=4&lane_tx_budget=10s")
-	p.servers[0].live = p.servers[0].live[:1] // before any lease: a table of one entry
-	ctx := WithLane(context.Background(), Tx)
-	first, err := p.Acquire(ctx)
-	require.NoError(t, err)
-	defer first.Release()
-	second, err := p.Acquire(ctx)
-	require.NoError(t, err)
-	defer second.Release()
-	require.Equal(t, []int{0, 1}, []int{first.l.slot.Index(), second.l.slot.Index()})
+	first, second := pastTheTable(t, WithLane(context.Background(), Tx), p)
 	published, watched := watchState(first.l)
 	assert.True(t, published && !watched, "the lease of slot 0: published, not watched")
 	published, watched = watchState(second.l)
@@ -284,15 +276,23 @@ func TestShortHoldersInLiveTable(t *testing.T) {
 	}
 
 	p = reusePool(t, "pool_max_conns=4")
-	srv = p.servers[0]
-	srv.live = srv.live[:1] // before any lease: a table of one entry
+	first, second := pastTheTable(t, ctx, p)
+	assert.True(t, p.servers[0].holdsShort(first.Conn().PgConn().PID()), "slot 0: noted")
+	assert.False(t, p.servers[0].holdsShort(second.Conn().PgConn().PID()), "slot 1, past the table: not noted")
+}
+
+// pastTheTable cuts new pool p's live table to one entry, before any lease, and takes two
+// connections with ctx: the first holds slot 0, in the table, the second slot 1, past it. Both
+// are released when the test ends.
+func pastTheTable(t *testing.T, ctx context.Context, p *Pool) (first, second *Conn) {
+	t.Helper()
+	p.servers[0].live = p.servers[0].live[:1]
 	first, err := p.Acquire(ctx)
 	require.NoError(t, err)
-	defer first.Release()
-	second, err := p.Acquire(ctx)
+	t.Cleanup(first.Release)
+	second, err = p.Acquire(ctx)
 	require.NoError(t, err)
-	defer second.Release()
+	t.Cleanup(second.Release)
 	require.Equal(t, []int{0, 1}, []int{first.l.slot.Index(), second.l.slot.Index()})
-	assert.True(t, srv.holdsShort(first.Conn().PgConn().PID()), "slot 0: noted")
-	assert.False(t, srv.holdsShort(second.Conn().PgConn().PID()), "slot 1, past the table: not noted")
+	return first, second
 }
