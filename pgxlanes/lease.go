@@ -74,8 +74,8 @@ type hold struct {
 	// under mu, for a published lease); registered: it is in srv.holders (a Tx or Long lease);
 	// published: it is in srv.live, for the sweep to watch once its first step nears.
 	watched, registered, published bool
-	// lazyAt: when a published lease must be watched, in nanoseconds since clockBase (sweep.go).
-	lazyAt int64
+	// lazyAt: when a published lease must be watched (sweep.go).
+	lazyAt mono
 
 	acquired mono          // the connection was ready
 	budget   time.Duration // the lease's budget; 0 for none

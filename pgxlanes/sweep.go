@@ -90,9 +90,9 @@ func (l *lease) watch() {
 }
 
 // lazyAt returns when a lease acquired at acquired, whose first step is first after that, must
-// be watched: two sweeps before the step, in nanoseconds since clockBase.
-func lazyAt(acquired mono, first time.Duration) int64 {
-	return int64(acquired) + int64(first) - int64(2*sweepEvery)
+// be watched: two sweeps before the step.
+func lazyAt(acquired mono, first time.Duration) mono {
+	return acquired + mono(first-2*sweepEvery)
 }
 
 // ladderFirst returns how long after its start the first step of the ladder of budget b and
@@ -137,7 +137,7 @@ func (p *Pool) runSweep() {
 // sweepOnce watches every published lease that is due to be watched, and reports whether any
 // published lease is left unwatched.
 func (p *Pool) sweepOnce() (pending bool) {
-	now := int64(monoNow())
+	now := monoNow()
 	for _, srv := range p.servers {
 		for i := range srv.live {
 			l := srv.live[i].l.Load()
