@@ -296,3 +296,27 @@ func pastTheTable(t *testing.T, ctx context.Context, p *Pool) (first, second *Co
 	require.Equal(t, []int{0, 1}, []int{first.l.slot.Index(), second.l.slot.Index()})
 	return first, second
 }
+
+// TestIdleBeforeAnyLeaseEnded: an idle connection counts as recently used (handed over without
+// a ping's bound) only once a lease has ended; before that, lastUse is 0, which is not a use
+// however early the acquire's clock reads (a process's first half second).
+func TestIdleBeforeAnyLeaseEnded(t *testing.T) {
+	p := reusePool(t, "pool_max_conns=2")
+	srv := p.servers[0]
+	open := srv.open.Load()
+	srv.open.Store(open + 1) // one idle connection more, as far as poolCtx can tell
+	defer srv.open.Store(open)
+	rt := route{lane: Short, set: Short}
+	early := mono(100 * time.Millisecond) // an acquire in the process's first half second
+	_, release, idle := p.poolCtx(context.Background(), rt, early)
+	assert.False(t, idle, "no lease ended yet: not a recent use")
+	if release != nil {
+		release()
+	}
+	srv.lastUse.Store(int64(early - mono(time.Millisecond)))
+	_, release, idle = p.poolCtx(context.Background(), rt, early)
+	assert.True(t, idle, "a lease ended 1 ms before: a recent use")
+	if release != nil {
+		release()
+	}
+}
