@@ -141,6 +141,8 @@ type Conn struct {
 	out     []byte // bytes to hand to pgconn before any other: a synthetic end, stashed messages
 	reading bool   // a reader is in a socket read without mu
 	writing bool   // a writer is in a socket write
+	wseq    uint32 // counts the socket writes of Write, so that a late wakeWriter knows its write
+	wdead   bool   // wakeWriter set a write deadline on the write under way
 
 	intr    error         // a pending interrupt's cause
 	cause   error         // cause of the last early end, until the next request
@@ -263,7 +265,10 @@ func (c *Conn) breakLocked(err error) {
 // ends a request. While a drain is under way, a write that starts a request waits for it to end;
 // if the caller's context ends meanwhile (Interrupt), the request is not sent at all: pgconn is
 // handed a synthetic end of it, as for a request cut in flight, and the rest of it is dropped.
-// The rest of a cut COPY's data is dropped at once, without waiting.
+// The rest of a cut COPY's data is dropped at once, without waiting. An interrupt during the
+// socket write is left to the reader once the write ends; a write still under way writeStall
+// after it is ended by a deadline, and breaks the Conn unless not a byte of it had gone out on a
+// TCP or Unix socket (then the request is ended as one that waited for a drain).
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -308,7 +313,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	out := b
 	var wb *[]byte // a pooled buffer for a write with staged queries around b
-	if c.wrem == 0 && c.nhdr == 0 && !c.extOpen && len(b) > 0 && startsRequest(b[0]) {
+	at := c.atRequestLocked(b)
+	var mark writeMark // what the write changes, should it send nothing
+	if at {
+		mark = writeMark{len(c.reqs), c.applied, c.after, c.copyIn, c.copyEnd, c.cause}
 		var buf []byte
 		if c.staged != c.applied {
 			sql := c.staged
@@ -340,6 +348,11 @@ func (c *Conn) Write(b []byte) (int, error) {
 		c.scanLocked(b, true)
 	}
 	c.writing = true
+	c.wseq++
+	if c.intr != nil {
+		// An interrupt came before the write: as for one during it (Interrupt).
+		c.armWakeLocked()
+	}
 	c.mu.Unlock()
 
 	c.smu.Lock()
@@ -351,9 +364,29 @@ func (c *Conn) Write(b []byte) (int, error) {
 
 	c.mu.Lock()
 	c.writing = false
-	if err != nil {
+	if c.wdead {
+		c.wdead = false
+		if err == nil {
+			_ = c.Conn.SetWriteDeadline(time.Time{}) // the write ended before its deadline
+		}
+	}
+	switch {
+	case err != nil && n == 0 && at && c.intr != nil && c.st == stateReady && isTimeout(err) && keepsUnsentWrite(c.Conn):
+		// The interrupt's deadline ended the write before a byte of it was sent: the request
+		// is ended here, as one that waited for a drain is.
+		mark.undoLocked(c)
+		_ = c.Conn.SetDeadline(time.Time{})
+		c.cause, c.intr = c.intr, nil
+		c.drop = true
+		c.dropLocked(b)
+		c.mu.Unlock()
+		return len(b), nil
+	case err != nil:
 		// The server may have part of a message: nothing can be sent on this session again.
 		c.breakLocked(err)
+	case c.intr != nil && c.reading:
+		// An interrupt came during the write and left the reader to it (Interrupt).
+		_ = c.Conn.SetReadDeadline(time.Now())
 	}
 	c.mu.Unlock()
 	if len(out) != len(b) {
@@ -364,6 +397,38 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	return n, err
+}
+
+// writeMark is what a Write that starts a request changes in the Conn's tracking before its
+// bytes go out, so that it can be undone if none of them did.
+type writeMark struct {
+	reqs            int
+	applied, after  string
+	copyIn, copyEnd bool
+	cause           error
+}
+
+// undoLocked gives c back the tracking it had before a Write that started a request at a message
+// boundary and sent nothing. Caller must hold c.mu.
+func (m writeMark) undoLocked(c *Conn) {
+	c.reqs = c.reqs[:m.reqs]
+	c.applied, c.after = m.applied, m.after
+	c.copyIn, c.copyEnd, c.cause = m.copyIn, m.copyEnd, m.cause
+	c.wrem, c.nhdr = 0, 0
+	c.extOpen, c.extMutates, c.extCloses = false, false, false
+}
+
+// keepsUnsentWrite reports whether c is still usable after a write that a deadline ended before
+// it sent a byte. A TCP or Unix socket is: Go checks the deadline before each system call and
+// reports what went out. A *tls.Conn is not (any write error is permanent), and neither, as far
+// as this package can tell, is any other net.Conn. A variable for the tests, whose socket is
+// wrapped.
+var keepsUnsentWrite = func(c net.Conn) bool {
+	switch c.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		return true
+	}
+	return false
 }
 
 // writePool holds the buffers of writes with staged queries around the application's bytes,

@@ -47,14 +47,46 @@ func (c *Conn) Interrupt(cause error) {
 	c.intr = cause
 	switch {
 	case c.writing:
-		// Wake the writer; it breaks the Conn (the server may have part of a message).
-		_ = c.Conn.SetDeadline(time.Now())
+		// A write under way almost always ends within microseconds, and the reader then takes
+		// the interrupt (Write wakes it). A deadline ends a write for good, with a TLS session,
+		// or with the server holding part of a message, and may land before the write's first
+		// byte: so it is set only on a write still under way after writeStall, one the server
+		// does not take (its receive window is full). Such a write breaks the Conn.
+		c.armWakeLocked()
 	case c.reading:
 		// Wake the reader, which consumes the interrupt. Only the read side: a write deadline
 		// that fires would break a TLS session.
 		_ = c.Conn.SetReadDeadline(time.Now())
 	case len(c.reqs) > 0:
 		_ = c.consumeLocked()
+	}
+}
+
+// writeStall is how long an interrupted write may go on before a deadline ends it.
+const writeStall = 10 * time.Millisecond
+
+// armWakeLocked arranges for the socket write under way to be ended by wakeWriter if it is still
+// under way after writeStall. Caller must hold c.mu.
+func (c *Conn) armWakeLocked() {
+	seq := c.wseq
+	time.AfterFunc(writeStall, func() { c.wakeWriter(seq) })
+}
+
+// wakeWriter ends the socket write seq with a deadline if it is still under way: the server does
+// not take it. A reader in a socket read, not yet woken for the interrupt, is woken with it. The
+// write deadline stays until the write returns (consumeLocked leaves it), so the write cannot
+// miss it.
+func (c *Conn) wakeWriter(seq uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.writing || c.wseq != seq {
+		return
+	}
+	c.wdead = true
+	if c.intr != nil && c.reading {
+		_ = c.Conn.SetDeadline(time.Now())
+	} else {
+		_ = c.Conn.SetWriteDeadline(time.Now())
 	}
 }
 
@@ -82,7 +114,11 @@ func (c *Conn) ClearInterrupt() {
 func (c *Conn) consumeLocked() error {
 	cause := c.intr
 	c.intr = nil
-	_ = c.Conn.SetDeadline(time.Time{})
+	if c.writing {
+		_ = c.Conn.SetReadDeadline(time.Time{}) // a write deadline of wakeWriter's must end its write
+	} else {
+		_ = c.Conn.SetDeadline(time.Time{})
+	}
 	owned := c.inFlightLocked()
 	if owned == 0 {
 		return timeoutError{}

@@ -28,6 +28,13 @@ type cutConn struct {
 	pos   int   // bytes read so far
 	cuts  []int // offsets in the stream, ascending
 	every bool  // every read returns at most one byte
+
+	// onWrite, when set, runs at the start of the next Write, before the socket is written: the
+	// place between wire's bookkeeping of a write and its system call (script_write_test.go).
+	onWrite func()
+	// deadlines, when set, receives every deadline or write deadline set on the socket but the
+	// zero one.
+	deadlines chan time.Time
 }
 
 func (c *cutConn) Read(p []byte) (int, error) {
