@@ -267,8 +267,7 @@ func (c *Conn) breakLocked(err error) {
 // handed a synthetic end of it, as for a request cut in flight, and the rest of it is dropped.
 // The rest of a cut COPY's data is dropped at once, without waiting. An interrupt during the
 // socket write is left to the reader once the write ends; a write still under way writeStall
-// after it is ended by a deadline, and breaks the Conn unless not a byte of it had gone out on a
-// TCP or Unix socket (then the request is ended as one that waited for a drain).
+// after it is ended by a deadline, which breaks the Conn.
 func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -313,10 +312,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	out := b
 	var wb *[]byte // a pooled buffer for a write with staged queries around b
-	at := c.atRequestLocked(b)
-	var mark writeMark // what the write changes, should it send nothing
-	if at {
-		mark = writeMark{len(c.reqs), c.applied, c.after, c.copyIn, c.copyEnd, c.cause}
+	if c.atRequestLocked(b) {
 		var buf []byte
 		if c.staged != c.applied {
 			sql := c.staged
@@ -357,38 +353,29 @@ func (c *Conn) Write(b []byte) (int, error) {
 
 	c.smu.Lock()
 	n, err := c.Conn.Write(out)
-	c.smu.Unlock()
-	if wb != nil && cap(*wb) <= maxPooledWrite {
-		writePool.Put(wb)
-	}
-
 	c.mu.Lock()
 	c.writing = false
 	if c.wdead {
+		// wakeWriter's deadline, cleared before a drain's CopyFail (under smu) sets its own.
 		c.wdead = false
 		if err == nil {
-			_ = c.Conn.SetWriteDeadline(time.Time{}) // the write ended before its deadline
+			_ = c.Conn.SetWriteDeadline(time.Time{})
 		}
 	}
+	c.smu.Unlock()
 	switch {
-	case err != nil && n == 0 && at && c.intr != nil && c.st == stateReady && isTimeout(err) && keepsUnsentWrite(c.Conn):
-		// The interrupt's deadline ended the write before a byte of it was sent: the request
-		// is ended here, as one that waited for a drain is.
-		mark.undoLocked(c)
-		_ = c.Conn.SetDeadline(time.Time{})
-		c.cause, c.intr = c.intr, nil
-		c.drop = true
-		c.dropLocked(b)
-		c.mu.Unlock()
-		return len(b), nil
 	case err != nil:
-		// The server may have part of a message: nothing can be sent on this session again.
+		// The server may have part of a message (and a write that sent nothing may have left
+		// a TLS session unusable): nothing can be sent on this session again.
 		c.breakLocked(err)
 	case c.intr != nil && c.reading:
 		// An interrupt came during the write and left the reader to it (Interrupt).
 		_ = c.Conn.SetReadDeadline(time.Now())
 	}
 	c.mu.Unlock()
+	if wb != nil && cap(*wb) <= maxPooledWrite {
+		writePool.Put(wb)
+	}
 	if len(out) != len(b) {
 		// b went out inside a larger write; report it all or nothing.
 		if err != nil {
@@ -397,38 +384,6 @@ func (c *Conn) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	return n, err
-}
-
-// writeMark is what a Write that starts a request changes in the Conn's tracking before its
-// bytes go out, so that it can be undone if none of them did.
-type writeMark struct {
-	reqs            int
-	applied, after  string
-	copyIn, copyEnd bool
-	cause           error
-}
-
-// undoLocked gives c back the tracking it had before a Write that started a request at a message
-// boundary and sent nothing. Caller must hold c.mu.
-func (m writeMark) undoLocked(c *Conn) {
-	c.reqs = c.reqs[:m.reqs]
-	c.applied, c.after = m.applied, m.after
-	c.copyIn, c.copyEnd, c.cause = m.copyIn, m.copyEnd, m.cause
-	c.wrem, c.nhdr = 0, 0
-	c.extOpen, c.extMutates, c.extCloses = false, false, false
-}
-
-// keepsUnsentWrite reports whether c is still usable after a write that a deadline ended before
-// it sent a byte. A TCP or Unix socket is: Go checks the deadline before each system call and
-// reports what went out. A *tls.Conn is not (any write error is permanent), and neither, as far
-// as this package can tell, is any other net.Conn. A variable for the tests, whose socket is
-// wrapped.
-var keepsUnsentWrite = func(c net.Conn) bool {
-	switch c.(type) {
-	case *net.TCPConn, *net.UnixConn:
-		return true
-	}
-	return false
 }
 
 // writePool holds the buffers of writes with staged queries around the application's bytes,

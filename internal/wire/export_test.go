@@ -1,9 +1,6 @@
 package wire
 
-import (
-	"context"
-	"net"
-)
+import "context"
 
 // Wait waits until no drain is under way, or ctx ends. Only the tests wait for a drain: pgxlanes
 // is told by OnClean.
@@ -40,14 +37,3 @@ func (c *Conn) Held() int {
 	defer c.mu.Unlock()
 	return cap(c.rbuf) + cap(c.out)
 }
-
-// SetKeepsUnsentWrite replaces keepsUnsentWrite until the test ends, for a test whose socket is
-// wrapped.
-func SetKeepsUnsentWrite(t interface{ Cleanup(func()) }, f func(net.Conn) bool) {
-	old := keepsUnsentWrite
-	keepsUnsentWrite = f
-	t.Cleanup(func() { keepsUnsentWrite = old })
-}
-
-// WriteStall is how long an interrupted write may go on before a deadline ends it.
-const WriteStall = writeStall

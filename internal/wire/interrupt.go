@@ -48,10 +48,11 @@ func (c *Conn) Interrupt(cause error) {
 	switch {
 	case c.writing:
 		// A write under way almost always ends within microseconds, and the reader then takes
-		// the interrupt (Write wakes it). A deadline ends a write for good, with a TLS session,
-		// or with the server holding part of a message, and may land before the write's first
-		// byte: so it is set only on a write still under way after writeStall, one the server
-		// does not take (its receive window is full). Such a write breaks the Conn.
+		// the interrupt (Write wakes it). A deadline ends a write for good (the server may hold
+		// part of a message; a TLS session is unusable after any write error), even one about
+		// to send its first byte: so it is set only on a write still under way after
+		// writeStall, one the server does not take (its receive window is full). Such a write
+		// breaks the Conn.
 		c.armWakeLocked()
 	case c.reading:
 		// Wake the reader, which consumes the interrupt. Only the read side: a write deadline
@@ -72,10 +73,9 @@ func (c *Conn) armWakeLocked() {
 	time.AfterFunc(writeStall, func() { c.wakeWriter(seq) })
 }
 
-// wakeWriter ends the socket write seq with a deadline if it is still under way: the server does
-// not take it. A reader in a socket read, not yet woken for the interrupt, is woken with it. The
-// write deadline stays until the write returns (consumeLocked leaves it), so the write cannot
-// miss it.
+// wakeWriter ends the socket write seq with a write deadline if it is still under way: the server
+// does not take it. The write then breaks the Conn (pgconn closes it). The deadline stays until
+// the write returns (consumeLocked leaves it), so the write cannot miss it.
 func (c *Conn) wakeWriter(seq uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -83,11 +83,7 @@ func (c *Conn) wakeWriter(seq uint32) {
 		return
 	}
 	c.wdead = true
-	if c.intr != nil && c.reading {
-		_ = c.Conn.SetDeadline(time.Now())
-	} else {
-		_ = c.Conn.SetWriteDeadline(time.Now())
-	}
+	_ = c.Conn.SetWriteDeadline(time.Now())
 }
 
 // ClearInterrupt drops an interrupt that no request consumed.
