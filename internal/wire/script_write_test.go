@@ -122,10 +122,12 @@ func TestScriptStalledUnsentWriteWithBackgroundReader(t *testing.T) {
 // sockets' buffers) is still ended by an interrupt, writeStall after it, as pgconn's own deadline
 // would end it at once: the caller returns with an error and the Conn breaks, since the server
 // has part of a message. The interrupt comes before the write, during it, or from the caller's
-// deadline through pgconn's context watcher.
+// deadline through pgconn's context watcher; or during it, and the reader takes it while the
+// write stalls: pgconn's background reader, started after 15 ms of a slow write, enters Read
+// after the write's deadline was set, and must not clear it.
 func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 	big := "select '" + strings.Repeat("x", 32<<20) + "'"
-	for _, tc := range []string{"before the write", "during the write", "the caller's deadline"} {
+	for _, tc := range []string{"before the write", "during the write", "the caller's deadline", "the reader takes it"} {
 		t.Run(tc, func(t *testing.T) {
 			s := newScript(t, scriptOptions)
 			ctx := context.Background()
@@ -134,6 +136,17 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 				s.w.Interrupt(context.DeadlineExceeded)
 			case "during the write":
 				s.cut.setOnWrite(func() { s.w.Interrupt(context.DeadlineExceeded) })
+			case "the reader takes it":
+				deadlines := make(chan time.Time, 1)
+				s.cut.mu.Lock()
+				s.cut.deadlines = deadlines
+				s.cut.mu.Unlock()
+				s.cut.setOnWrite(func() {
+					s.w.Interrupt(context.DeadlineExceeded)
+					<-deadlines
+					// The background reader starts and takes the interrupt: a drain begins.
+					assert.Eventually(t, s.w.Draining, 5*time.Second, time.Millisecond)
+				})
 			default:
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
