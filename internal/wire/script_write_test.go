@@ -57,6 +57,16 @@ func (c *cutConn) noteDeadline(t time.Time) {
 	}
 }
 
+// watchDeadlines returns a channel that receives the next deadline or write deadline set on the
+// socket (but the zero one).
+func (c *cutConn) watchDeadlines() <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	c.mu.Lock()
+	c.deadlines = ch
+	c.mu.Unlock()
+	return ch
+}
+
 // setOnWrite arranges for f to run at the start of the next Write.
 func (c *cutConn) setOnWrite(f func()) {
 	c.mu.Lock()
@@ -91,10 +101,7 @@ func TestScriptInterruptAsWriteStarts(t *testing.T) {
 func TestScriptStalledUnsentWriteWithBackgroundReader(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	s := newScript(t, scriptOptions)
-	deadlines := make(chan time.Time, 1)
-	s.cut.mu.Lock()
-	s.cut.deadlines = deadlines
-	s.cut.mu.Unlock()
+	deadlines := s.cut.watchDeadlines()
 	var interrupted time.Time
 	s.cut.setOnWrite(func() {
 		time.Sleep(40 * time.Millisecond)
@@ -137,10 +144,7 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 			case "during the write":
 				s.cut.setOnWrite(func() { s.w.Interrupt(context.DeadlineExceeded) })
 			case "the reader takes it":
-				deadlines := make(chan time.Time, 1)
-				s.cut.mu.Lock()
-				s.cut.deadlines = deadlines
-				s.cut.mu.Unlock()
+				deadlines := s.cut.watchDeadlines()
 				s.cut.setOnWrite(func() {
 					s.w.Interrupt(context.DeadlineExceeded)
 					<-deadlines
