@@ -73,27 +73,15 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 				pools = append(pools, openWarm(b, impl, dsn, acq))
 			}
 			const round = 16384
-			per := make([][]float64, len(pools))
+			start := time.Now()
+			wall := func() time.Duration { return time.Since(start) }
+			per := pairedRounds(b, pools, clients, round, acq, wall)
 			over := make([][]float64, len(pools))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for done, r := 0, 0; done < b.N; done, r = done+len(pools)*round, r+1 {
-				turn := make([]float64, len(pools))
-				for j := range pools {
-					k := (j + r) % len(pools)
-					p := pools[k]
-					start := time.Now()
-					if err := runRound(clients, round, func() error { return acq(p) }); err != nil {
-						b.Fatal(err)
-					}
-					turn[k] = float64(time.Since(start)) / round
-					per[k] = append(per[k], turn[k])
-				}
-				for k := 1; k < len(pools); k++ {
-					over[k] = append(over[k], turn[k]-turn[0])
+			for k := 1; k < len(pools); k++ {
+				for i := range per[0] {
+					over[k] = append(over[k], per[k][i]-per[0][i])
 				}
 			}
-			b.StopTimer()
 			b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
 			for k := 1; k < len(pools); k++ {
 				name := strings.TrimPrefix(impls[k].name, "pgxlanes-")
@@ -104,6 +92,30 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 			}
 		})
 	}
+}
+
+// pairedRounds runs rounds of round calls of run on each of pools, by clients goroutines, the
+// pools one after the other in turns until b.N calls are made, and returns each pool's clock time
+// per call in each round (per[pool][round]). The pools take turns to go first: paired with itself
+// in a fixed order, pgxpool's second run measured 0.93-1.00 of its first (client CPU, 3 runs), and
+// 0.98-1.03 taking turns. The benchmark's timer stops when it returns.
+func pairedRounds(b *testing.B, pools []benchPool, clients, round int, run func(benchPool) error, clock func() time.Duration) [][]float64 {
+	per := make([][]float64, len(pools))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for done, r := 0, 0; done < b.N; done, r = done+len(pools)*round, r+1 {
+		for j := range pools {
+			k := (j + r) % len(pools)
+			p := pools[k]
+			start := clock()
+			if err := runRound(clients, round, func() error { return run(p) }); err != nil {
+				b.Fatal(err)
+			}
+			per[k] = append(per[k], float64(clock()-start)/float64(round))
+		}
+	}
+	b.StopTimer()
+	return per
 }
 
 // cpuTime is the process's user plus system CPU time so far.
@@ -208,28 +220,11 @@ func BenchmarkHotPathClientCPUPaired(b *testing.B) {
 				pools = append(pools, openWarm(b, impl, dsn, kind.run))
 			}
 			const round = 2048
-			var cpu [2][]float64
+			cpu := pairedRounds(b, pools, clients, round, kind.run, cpuTime)
 			var ratios []float64
-			b.ReportAllocs()
-			b.ResetTimer()
-			for done, r := 0, 0; done < b.N; done, r = done+2*round, r+1 {
-				var per [2]float64
-				for j := range pools {
-					// The pools take turns to go first: paired with itself in a fixed order,
-					// pgxpool's second run measured 0.93-1.00 of its first (3 runs), and 0.98-1.03
-					// taking turns.
-					k := (j + r) % 2
-					p := pools[k]
-					start := cpuTime()
-					if err := runRound(clients, round, func() error { return kind.run(p) }); err != nil {
-						b.Fatal(err)
-					}
-					per[k] = float64(cpuTime()-start) / round
-					cpu[k] = append(cpu[k], per[k])
-				}
-				ratios = append(ratios, per[1]/per[0])
+			for i := range cpu[0] {
+				ratios = append(ratios, cpu[1][i]/cpu[0][i])
 			}
-			b.StopTimer()
 			b.ReportMetric(medianF(cpu[0]), "pgxpool-cpu-ns/op")
 			b.ReportMetric(medianF(cpu[1]), "lanes-cpu-ns/op")
 			b.ReportMetric(medianF(ratios), "lanes/pgxpool-cpu")
