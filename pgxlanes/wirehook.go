@@ -61,6 +61,9 @@ type besideConn struct {
 
 func (c besideConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// NetConn returns the connection c wraps, so that wire can look at its socket (a stalled write).
+func (c besideConn) NetConn() net.Conn { return c.Conn }
+
 // installWire sets, on the ConnConfig of one connection being opened (pgxpool's copy, after the
 // user's BeforeConnect), the hooks that put a wire.Conn with opts in its path and make it the
 // connection's context watcher. The user's AfterNetConnect, BuildFrontend and

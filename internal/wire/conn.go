@@ -143,6 +143,7 @@ type Conn struct {
 	writing bool   // a writer is in a socket write
 	wseq    uint32 // counts the socket writes of Write, so that a late wakeWriter knows its write
 	wdead   bool   // wakeWriter set a write deadline on the write under way
+	warmed  bool   // a wakeWriter is set for the write under way (armWakeLocked)
 
 	intr    error         // a pending interrupt's cause
 	cause   error         // cause of the last early end, until the next request
@@ -345,6 +346,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	}
 	c.writing = true
 	c.wseq++
+	c.warmed = false
 	if c.intr != nil {
 		// An interrupt came before the write: as for one during it (Interrupt).
 		c.armWakeLocked()

@@ -37,3 +37,6 @@ func (c *Conn) Held() int {
 	defer c.mu.Unlock()
 	return cap(c.rbuf) + cap(c.out)
 }
+
+// WriteStall is writeStall, for the tests of the write path at an interrupt.
+const WriteStall = writeStall

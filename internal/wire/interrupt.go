@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"syscall"
 	"time"
 )
 
@@ -51,8 +53,8 @@ func (c *Conn) Interrupt(cause error) {
 		// the interrupt (Write wakes it). A deadline ends a write for good (the server may hold
 		// part of a message; a TLS session is unusable after any write error), even one about
 		// to send its first byte: so it is set only on a write still under way after
-		// writeStall, one the server does not take (its receive window is full). Such a write
-		// breaks the Conn.
+		// writeStall whose socket takes no bytes, one the server does not take (its receive
+		// window is full); see wakeWriter. Such a write breaks the Conn.
 		c.armWakeLocked()
 	case c.reading:
 		// Wake the reader, which consumes the interrupt. Only the read side: a write deadline
@@ -63,27 +65,66 @@ func (c *Conn) Interrupt(cause error) {
 	}
 }
 
-// writeStall is how long an interrupted write may go on before a deadline ends it.
+// writeStall is how long an interrupted write may go on before wakeWriter looks at it.
 const writeStall = 10 * time.Millisecond
 
-// armWakeLocked arranges for the socket write under way to be ended by wakeWriter if it is still
-// under way after writeStall. Caller must hold c.mu.
+// maxWriteLooks is how many times wakeWriter looks at a write under way whose socket takes
+// bytes before it ends it anyway: about a second of the process running (a frozen process runs
+// no timer either).
+const maxWriteLooks = 100
+
+// armWakeLocked arranges for the socket write under way to be looked at by wakeWriter if it is
+// still under way after writeStall. Caller must hold c.mu.
 func (c *Conn) armWakeLocked() {
+	if c.warmed {
+		return
+	}
+	c.warmed = true
 	seq := c.wseq
-	time.AfterFunc(writeStall, func() { c.wakeWriter(seq) })
+	time.AfterFunc(writeStall, func() { c.wakeWriter(seq, 1) })
 }
 
-// wakeWriter ends the socket write seq with a write deadline if it is still under way: the server
-// does not take it. The write then breaks the Conn (pgconn closes it). The deadline stays until
-// the write returns (consumeLocked leaves it), so the write cannot miss it.
-func (c *Conn) wakeWriter(seq uint32) {
+// wakeWriter ends the socket write seq with a write deadline if it is still under way and the
+// server does not take it: the write then breaks the Conn (pgconn closes it). The deadline stays
+// until the write returns (consumeLocked leaves it), so the write cannot miss it.
+//
+// A write whose socket takes bytes (writable) is not stalled by the server: its goroutine has not
+// run since wire noted the write, or the socket drained as it waited. A deadline would end it, in
+// the window before its system call with nothing sent, and lose the session; so wakeWriter looks
+// again writeStall later, up to maxWriteLooks times. Where wire cannot see the socket (a wrapper
+// that hides it, or a platform without poll), a write still under way is taken as stalled.
+func (c *Conn) wakeWriter(seq uint32, looks int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.writing || c.wseq != seq {
+	if !c.writing || c.wseq != seq || c.wdead {
+		return
+	}
+	if looks < maxWriteLooks && Writable(c.Conn) {
+		time.AfterFunc(writeStall, func() { c.wakeWriter(seq, looks+1) })
 		return
 	}
 	c.wdead = true
 	_ = c.Conn.SetWriteDeadline(time.Now())
+}
+
+// Writable reports whether c's socket would take bytes now, as poll says, looking through
+// wrappers that expose what they wrap (NetConn, as *tls.Conn does); false when it cannot tell.
+// It does not block.
+func Writable(c net.Conn) bool {
+	for range 8 {
+		switch x := c.(type) {
+		case syscall.Conn:
+			rc, err := x.SyscallConn()
+			return err == nil && pollWritable(rc)
+		case interface{ NetConn() net.Conn }:
+			if c = x.NetConn(); c == nil {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // ClearInterrupt drops an interrupt that no request consumed.

@@ -35,6 +35,9 @@ type cutConn struct {
 	// deadlines, when set, receives every deadline or write deadline set on the socket but the
 	// zero one.
 	deadlines chan time.Time
+	// opaque hides the socket from wire (NetConn returns nil), as a wrapper of the user's that
+	// does not expose what it wraps would: wire cannot tell whether a write is stalled.
+	opaque bool
 }
 
 func (c *cutConn) Read(p []byte) (int, error) {

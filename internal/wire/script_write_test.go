@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
 // The write path at an interrupt: a caller's context that ends while pgconn's request is being
@@ -67,6 +69,24 @@ func (c *cutConn) watchDeadlines() <-chan time.Time {
 	return ch
 }
 
+// NetConn returns the socket, as *tls.Conn does, unless the test hides it (opaque): wire looks
+// at it to tell a stalled write from one whose goroutine has not run yet.
+func (c *cutConn) NetConn() net.Conn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.opaque {
+		return nil
+	}
+	return c.Conn
+}
+
+// hide hides the socket from wire (see opaque).
+func (c *cutConn) hide() {
+	c.mu.Lock()
+	c.opaque = true
+	c.mu.Unlock()
+}
+
 // setOnWrite arranges for f to run at the start of the next Write.
 func (c *cutConn) setOnWrite(f func()) {
 	c.mu.Lock()
@@ -92,15 +112,46 @@ func TestScriptInterruptAsWriteStarts(t *testing.T) {
 	s.roundTrip()
 }
 
-// The write stalls before its first byte (the server's receive window is full) long enough for
-// pgconn's background reader to start (after 15 ms) and wait in a socket read; then the
-// interrupt. writeStall later a write deadline ends the write, which sent nothing: the Conn
-// breaks (a TLS session would be unusable; on a plain socket the request could be undone, but
-// not without reordering a pipeline's replies or racing the background reader, so it is not),
-// the caller returns, and nothing is left running.
+// The interrupt comes after wire noted the write, and the writer's goroutine does not run for
+// 5 × writeStall before its system call (descheduled: a loaded machine, a CPU quota): the socket
+// takes bytes all along. wakeWriter sees that the server is not what holds the write up, and sets
+// no deadline: the request goes out whole, late, and the session is kept, as when the write is
+// not held up (TestScriptInterruptAsWriteStarts). pgconn's background reader starts meanwhile
+// (after 15 ms of a write) and takes the interrupt. Before, a write deadline ended the write
+// with nothing sent, and the session was lost.
+func TestScriptDescheduledWriteKeepsSession(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	s := newScript(t, scriptOptions)
+	deadlines := s.cut.watchDeadlines()
+	s.cut.setOnWrite(func() {
+		s.w.Interrupt(context.DeadlineExceeded)
+		time.Sleep(5 * wire.WriteStall)
+	})
+	r := result(t, s.exec(context.Background(), "select pg_sleep(1)"))
+	requireCanceled(t, r.firstErr())
+	require.Equal(t, "select pg_sleep(1)", s.expectQuery(), "the request went out whole")
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean(), "the session was lost")
+	assert.False(t, s.pc.IsClosed())
+	select {
+	case d := <-deadlines:
+		t.Errorf("a deadline (%v) was set on a write the socket took", d)
+	default:
+	}
+	s.roundTrip()
+}
+
+// As TestScriptDescheduledWriteKeepsSession, where wire cannot see the socket (a wrapper that
+// hides it, or a platform without poll): it cannot tell a write whose goroutine has not run from
+// one the server does not take, so writeStall after the interrupt a write deadline ends the
+// write, which sent nothing. The Conn breaks (a TLS session would be unusable; on a plain socket
+// the request could be undone, but not without reordering a pipeline's replies or racing the
+// background reader, so it is not), the caller returns, and nothing is left running.
 func TestScriptStalledUnsentWriteWithBackgroundReader(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	s := newScript(t, scriptOptions)
+	s.cut.hide()
 	deadlines := s.cut.watchDeadlines()
 	var interrupted time.Time
 	s.cut.setOnWrite(func() {
@@ -131,10 +182,14 @@ func TestScriptStalledUnsentWriteWithBackgroundReader(t *testing.T) {
 // has part of a message. The interrupt comes before the write, during it, or from the caller's
 // deadline through pgconn's context watcher; or during it, and the reader takes it while the
 // write stalls: pgconn's background reader, started after 15 ms of a slow write, enters Read
-// after the write's deadline was set, and must not clear it.
+// after the write's deadline was set, and must not clear it (the socket hidden, so that the
+// deadline comes writeStall after the interrupt, before the write starts). Last, a write that
+// does not start while its socket takes bytes is ended too, once wakeWriter has looked at it
+// maxWriteLooks times (about a second): wire's wait for a write is bounded whatever the socket
+// says.
 func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 	big := "select '" + strings.Repeat("x", 32<<20) + "'"
-	for _, tc := range []string{"before the write", "during the write", "the caller's deadline", "the reader takes it"} {
+	for _, tc := range []string{"before the write", "during the write", "the caller's deadline", "the reader takes it", "the write does not start"} {
 		t.Run(tc, func(t *testing.T) {
 			s := newScript(t, scriptOptions)
 			ctx := context.Background()
@@ -144,12 +199,25 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 			case "during the write":
 				s.cut.setOnWrite(func() { s.w.Interrupt(context.DeadlineExceeded) })
 			case "the reader takes it":
+				s.cut.hide()
 				deadlines := s.cut.watchDeadlines()
 				s.cut.setOnWrite(func() {
 					s.w.Interrupt(context.DeadlineExceeded)
 					<-deadlines
 					// The background reader starts and takes the interrupt: a drain begins.
 					assert.Eventually(t, s.w.Draining, 5*time.Second, time.Millisecond)
+				})
+			case "the write does not start":
+				deadlines := s.cut.watchDeadlines()
+				s.cut.setOnWrite(func() {
+					start := time.Now()
+					s.w.Interrupt(context.DeadlineExceeded)
+					select {
+					case <-deadlines:
+						assert.Greater(t, time.Since(start), 10*wire.WriteStall, "the deadline came while the socket took bytes")
+					case <-time.After(10 * time.Second):
+						t.Error("no deadline ended the write")
+					}
 				})
 			default:
 				var cancel context.CancelFunc
@@ -162,7 +230,7 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 			if tc == "the caller's deadline" {
 				assert.True(t, pgconn.Timeout(err), "want a timeout, got %v", err)
 			}
-			assert.Less(t, r.took, 2*time.Second)
+			assert.Less(t, r.took, 5*time.Second)
 			assert.True(t, s.w.Broken(), "the server has part of the request: the Conn must break (%v, after %v)", err, r.took)
 		})
 	}

@@ -165,6 +165,7 @@ func TestLiveOverTLS(t *testing.T) {
 		{"NamedPrepareInterruptedBreaks", TestNamedPrepareInterruptedBreaks},
 		{"WaitForNotificationTimesOutAndKeepsSession", TestWaitForNotificationTimesOutAndKeepsSession},
 		{"CopyInterruptedKeepsSession", TestCopyInterruptedKeepsSession},
+		{"DescheduledWriteKeepsSession", TestDescheduledWriteKeepsSession},
 	} {
 		t.Run(tc.name, tc.f)
 	}

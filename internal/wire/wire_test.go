@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +26,12 @@ const resetSQL = "reset statement_timeout; reset lock_timeout"
 // connect opens a pgx connection whose socket is a wire.Conn and whose context handler is it.
 func connect(t *testing.T, dsn string, mode pgx.QueryExecMode) (*pgx.Conn, *wire.Conn) {
 	t.Helper()
+	return connectVia(t, dsn, mode, nil)
+}
+
+// connectVia is connect with the socket wrapped by wrap (if not nil) under the wire.Conn.
+func connectVia(t *testing.T, dsn string, mode pgx.QueryExecMode, wrap func(net.Conn) net.Conn) (*pgx.Conn, *wire.Conn) {
+	t.Helper()
 	cfg, err := pgx.ParseConfig(dsn)
 	require.NoError(t, err)
 	cfg.DefaultQueryExecMode = mode
@@ -36,6 +43,9 @@ func connect(t *testing.T, dsn string, mode pgx.QueryExecMode) (*pgx.Conn, *wire
 		// A generous grace: a cancel request is a new connection that the postmaster forks a
 		// process for, which on a loaded machine has taken over 2 s (the drain then gives up, and
 		// the tests that expect the session kept fail for the machine's sake).
+		if wrap != nil {
+			c = wrap(c)
+		}
 		w = wire.New(c, wire.Options{ResetSQL: resetSQL, Grace: 10 * time.Second})
 		return w, nil
 	}
@@ -85,6 +95,46 @@ func TestDeadlineReturnsAtOnceAndKeepsSession(t *testing.T) {
 		waitClean(t, w)
 		assert.Equal(t, before, pid(t, c), "same session after %v", mode)
 	}
+}
+
+// heldWriteConn holds its next write back before the system call, once told to, as a goroutine
+// that does not run (a loaded machine, a CPU quota) would; it exposes what it wraps, as *tls.Conn
+// does.
+type heldWriteConn struct {
+	net.Conn
+	hold atomic.Int64 // how long to hold the next write back, in nanoseconds
+}
+
+func (c *heldWriteConn) Write(b []byte) (int, error) {
+	if d := c.hold.Swap(0); d > 0 {
+		time.Sleep(time.Duration(d))
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *heldWriteConn) NetConn() net.Conn { return c.Conn }
+
+// A statement's deadline ends while its request's write is held back before its system call
+// (5 × writeStall), the socket taking bytes all along: the request goes out late and whole, the
+// statement is cancelled and drained, and the session is kept. Before, a write deadline ended
+// such a write with nothing sent and the session was lost (over TLS, the TLS session too; under
+// TestLiveOverTLS wire looks at the socket through the *tls.Conn).
+func TestDescheduledWriteKeepsSession(t *testing.T) {
+	var hw *heldWriteConn
+	c, w := connectVia(t, liveDSN(t), pgx.QueryExecModeSimpleProtocol, func(nc net.Conn) net.Conn {
+		hw = &heldWriteConn{Conn: nc}
+		return hw
+	})
+	before := pid(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	hw.hold.Store(int64(20*time.Millisecond + 5*wire.WriteStall)) // the deadline ends inside the hold
+	_, err := c.Exec(ctx, "select pg_sleep(2)")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	assert.Equal(t, "57014", pgErr.Code)
+	waitClean(t, w)
+	assert.Equal(t, before, pid(t, c), "the session was lost")
 }
 
 func TestStagedSettingsCostNoRoundTripAndAreSwallowed(t *testing.T) {
