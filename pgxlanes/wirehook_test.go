@@ -11,10 +11,10 @@ import (
 	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
-// A wire.Conn beside pgconn's *tls.Conn (channel binding) looks at the TCP socket under it to
-// tell a write held up by the server from one whose goroutine has not run (wire.Writable): the
-// besideConn exposes the *tls.Conn, which exposes the socket. Through a wrapper that hides it,
-// wire cannot tell.
+// A wire.Conn beside pgconn's *tls.Conn (channel binding) finds the TCP socket under it
+// (wire.SocketOf), to tell a write held up by the server from one whose goroutine has not run:
+// the besideConn exposes the *tls.Conn, which exposes the socket. Through a wrapper that hides
+// it, wire cannot tell.
 func TestBesideConnShowsItsSocket(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -35,6 +35,6 @@ func TestBesideConnShowsItsSocket(t *testing.T) {
 		defer srv.Close()
 	}
 	tc := tls.Client(nc, &tls.Config{ServerName: "localhost"})
-	assert.True(t, wire.Writable(besideConn{Conn: tc}), "an idle socket takes bytes")
-	assert.False(t, wire.Writable(struct{ net.Conn }{tc}), "a wrapper that hides the socket")
+	assert.NotNil(t, wire.SocketOf(besideConn{Conn: tc}), "the socket under the *tls.Conn")
+	assert.Nil(t, wire.SocketOf(struct{ net.Conn }{tc}), "a wrapper that hides the socket")
 }

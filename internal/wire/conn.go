@@ -30,6 +30,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -91,6 +92,9 @@ type Conn struct {
 	net.Conn
 	opts   Options
 	cancel func(context.Context) error // sends a cancel request for this session; nil: none
+	// sock is the socket under Conn, found at New (SocketOf), for wakeWriter to poll; nil when
+	// Conn hides it.
+	sock syscall.RawConn
 
 	wmu sync.Mutex // serializes Write, held while a Write waits for a drain
 	smu sync.Mutex // serializes the socket writes of Write and of a drain (CopyFail)
@@ -156,7 +160,7 @@ type Conn struct {
 // interrupt only sets a deadline of now, as pgconn's DeadlineContextWatcherHandler does; so c may
 // be wrapped before the startup message, or after authentication with Options.Ready.
 func New(c net.Conn, opts Options) *Conn {
-	w := &Conn{Conn: c, opts: opts}
+	w := &Conn{Conn: c, opts: opts, sock: SocketOf(c)}
 	w.cond = sync.NewCond(&w.mu)
 	if opts.Ready {
 		w.st, w.tx, w.srv = stateReady, 'I', 'I'

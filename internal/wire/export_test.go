@@ -1,6 +1,9 @@
 package wire
 
-import "context"
+import (
+	"context"
+	"net"
+)
 
 // Wait waits until no drain is under way, or ctx ends. Only the tests wait for a drain: pgxlanes
 // is told by OnClean.
@@ -38,5 +41,15 @@ func (c *Conn) Held() int {
 	return cap(c.rbuf) + cap(c.out)
 }
 
-// WriteStall is writeStall, for the tests of the write path at an interrupt.
-const WriteStall = writeStall
+// WriteStall and MaxWriteLooks are writeStall and maxWriteLooks, for the tests of the write path
+// at an interrupt.
+const (
+	WriteStall    = writeStall
+	MaxWriteLooks = maxWriteLooks
+)
+
+// Writable reports whether wakeWriter would find c's send buffer with room now.
+func Writable(c net.Conn) bool {
+	rc := SocketOf(c)
+	return rc != nil && pollWritable(rc)
+}

@@ -53,8 +53,8 @@ func (c *Conn) Interrupt(cause error) {
 		// the interrupt (Write wakes it). A deadline ends a write for good (the server may hold
 		// part of a message; a TLS session is unusable after any write error), even one about
 		// to send its first byte: so it is set only on a write still under way after
-		// writeStall whose socket takes no bytes, one the server does not take (its receive
-		// window is full); see wakeWriter. Such a write breaks the Conn.
+		// writeStall whose socket's send buffer is nearly full, one the server does not take
+		// (its receive window is full); see wakeWriter. Such a write breaks the Conn.
 		c.armWakeLocked()
 	case c.reading:
 		// Wake the reader, which consumes the interrupt. Only the read side: a write deadline
@@ -86,45 +86,59 @@ func (c *Conn) armWakeLocked() {
 
 // wakeWriter ends the socket write seq with a write deadline if it is still under way and the
 // server does not take it: the write then breaks the Conn (pgconn closes it). The deadline stays
-// until the write returns (consumeLocked leaves it), so the write cannot miss it.
+// until the write returns (consumeLocked and writeCopyFail leave it), so the write cannot miss
+// it.
 //
-// A write whose socket takes bytes (writable) is not stalled by the server: its goroutine has not
-// run since wire noted the write, or the socket drained as it waited. A deadline would end it, in
-// the window before its system call with nothing sent, and lose the session; so wakeWriter looks
-// again writeStall later, up to maxWriteLooks times. Where wire cannot see the socket (a wrapper
-// that hides it, or a platform without poll), a write still under way is taken as stalled.
+// A write whose socket's send buffer has room (poll's POLLOUT: on Linux, about a third of the
+// buffer free) is not held up by the server: its goroutine has not run since wire noted the write
+// (a loaded machine, a CPU quota), or the buffer drained as it waited. A deadline would end it,
+// in the window before its system call with nothing sent, and lose the session; so wakeWriter
+// looks again writeStall later, up to maxWriteLooks times. Where wire cannot see the socket (a
+// wrapper that hides it, or a platform without poll), or the buffer is nearly full (the server
+// does not read, or a larger write before this one still fills it), a write still under way is
+// taken as stalled. The poll is made without c.mu: nothing waits on it.
 func (c *Conn) wakeWriter(seq uint32, looks int) {
+	if looks < maxWriteLooks && c.sock != nil {
+		c.mu.Lock()
+		live := c.writing && c.wseq == seq && !c.wdead
+		c.mu.Unlock()
+		if !live {
+			return
+		}
+		if pollWritable(c.sock) {
+			time.AfterFunc(writeStall, func() { c.wakeWriter(seq, looks+1) })
+			return
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.writing || c.wseq != seq || c.wdead {
-		return
-	}
-	if looks < maxWriteLooks && Writable(c.Conn) {
-		time.AfterFunc(writeStall, func() { c.wakeWriter(seq, looks+1) })
 		return
 	}
 	c.wdead = true
 	_ = c.Conn.SetWriteDeadline(time.Now())
 }
 
-// Writable reports whether c's socket would take bytes now, as poll says, looking through
-// wrappers that expose what they wrap (NetConn, as *tls.Conn does); false when it cannot tell.
-// It does not block.
-func Writable(c net.Conn) bool {
+// SocketOf returns the socket under c, looking through wrappers that expose what they wrap
+// (NetConn, as *tls.Conn does), or nil if c hides it.
+func SocketOf(c net.Conn) syscall.RawConn {
 	for range 8 {
 		switch x := c.(type) {
 		case syscall.Conn:
 			rc, err := x.SyscallConn()
-			return err == nil && pollWritable(rc)
+			if err != nil {
+				return nil
+			}
+			return rc
 		case interface{ NetConn() net.Conn }:
 			if c = x.NetConn(); c == nil {
-				return false
+				return nil
 			}
 		default:
-			return false
+			return nil
 		}
 	}
-	return false
+	return nil
 }
 
 // ClearInterrupt drops an interrupt that no request consumed.
@@ -290,7 +304,15 @@ func (c *Conn) writeCopyFail(deadline time.Time) error {
 	defer c.smu.Unlock()
 	_ = c.Conn.SetWriteDeadline(deadline)
 	_, err := c.Conn.Write(msg)
-	_ = c.Conn.SetWriteDeadline(time.Time{})
+	c.mu.Lock()
+	if c.wdead {
+		// A Write waiting for smu was found stalled meanwhile (wakeWriter): its deadline must
+		// stay until it returns.
+		_ = c.Conn.SetWriteDeadline(time.Now())
+	} else {
+		_ = c.Conn.SetWriteDeadline(time.Time{})
+	}
+	c.mu.Unlock()
 	return err
 }
 

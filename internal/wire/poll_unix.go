@@ -8,8 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// pollWritable reports whether the socket rc would take bytes now (poll's POLLOUT, without
-// waiting), and false on any error or hang-up.
+// pollWritable reports whether the send buffer of socket rc has room now (poll's POLLOUT, without
+// waiting; on Linux, about a third of the buffer free), and false on any error or hang-up.
 func pollWritable(rc syscall.RawConn) bool {
 	ok := false
 	err := rc.Control(func(fd uintptr) {

@@ -43,6 +43,18 @@ var scriptOptions = wire.Options{ResetSQL: "RESET ALL", Grace: 2 * time.Second}
 // newScript connects a pgconn to a scripted server through a wire.Conn with opts.
 func newScript(t *testing.T, opts wire.Options) *script {
 	t.Helper()
+	return newScriptOf(t, opts, false)
+}
+
+// newHiddenScript is newScript with the socket hidden from wire (cutConn.opaque), as under a
+// wrapper of the user's that does not expose it.
+func newHiddenScript(t *testing.T, opts wire.Options) *script {
+	t.Helper()
+	return newScriptOf(t, opts, true)
+}
+
+func newScriptOf(t *testing.T, opts wire.Options, hidden bool) *script {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
@@ -71,7 +83,7 @@ func newScript(t *testing.T, opts wire.Options) *script {
 	cfg, err := pgconn.ParseConfig(fmt.Sprintf("host=127.0.0.1 port=%d user=script sslmode=disable", ln.Addr().(*net.TCPAddr).Port))
 	require.NoError(t, err)
 	cfg.AfterNetConnect = func(_ context.Context, _ *pgconn.Config, c net.Conn) (net.Conn, error) {
-		s.cut = &cutConn{Conn: c}
+		s.cut = &cutConn{Conn: c, opaque: hidden}
 		s.w = wire.New(s.cut, opts)
 		return s.w, nil
 	}

@@ -2,9 +2,14 @@ package wire_test
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"net"
+	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,13 +85,6 @@ func (c *cutConn) NetConn() net.Conn {
 	return c.Conn
 }
 
-// hide hides the socket from wire (see opaque).
-func (c *cutConn) hide() {
-	c.mu.Lock()
-	c.opaque = true
-	c.mu.Unlock()
-}
-
 // setOnWrite arranges for f to run at the start of the next Write.
 func (c *cutConn) setOnWrite(f func()) {
 	c.mu.Lock()
@@ -150,8 +148,7 @@ func TestScriptDescheduledWriteKeepsSession(t *testing.T) {
 // background reader, so it is not), the caller returns, and nothing is left running.
 func TestScriptStalledUnsentWriteWithBackgroundReader(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	s := newScript(t, scriptOptions)
-	s.cut.hide()
+	s := newHiddenScript(t, scriptOptions)
 	deadlines := s.cut.watchDeadlines()
 	var interrupted time.Time
 	s.cut.setOnWrite(func() {
@@ -191,16 +188,26 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 	big := "select '" + strings.Repeat("x", 32<<20) + "'"
 	for _, tc := range []string{"before the write", "during the write", "the caller's deadline", "the reader takes it", "the write does not start"} {
 		t.Run(tc, func(t *testing.T) {
-			s := newScript(t, scriptOptions)
+			var s *script
+			if tc == "the reader takes it" {
+				s = newHiddenScript(t, scriptOptions)
+			} else {
+				s = newScript(t, scriptOptions)
+			}
 			ctx := context.Background()
+			deadlines := s.cut.watchDeadlines()
+			var writeStart atomic.Int64 // when the write began, in Unix nanoseconds
+			started := func() { writeStart.Store(time.Now().UnixNano()) }
 			switch tc {
 			case "before the write":
 				s.w.Interrupt(context.DeadlineExceeded)
+				s.cut.setOnWrite(started)
 			case "during the write":
-				s.cut.setOnWrite(func() { s.w.Interrupt(context.DeadlineExceeded) })
+				s.cut.setOnWrite(func() {
+					started()
+					s.w.Interrupt(context.DeadlineExceeded)
+				})
 			case "the reader takes it":
-				s.cut.hide()
-				deadlines := s.cut.watchDeadlines()
 				s.cut.setOnWrite(func() {
 					s.w.Interrupt(context.DeadlineExceeded)
 					<-deadlines
@@ -208,18 +215,20 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 					assert.Eventually(t, s.w.Draining, 5*time.Second, time.Millisecond)
 				})
 			case "the write does not start":
-				deadlines := s.cut.watchDeadlines()
 				s.cut.setOnWrite(func() {
 					start := time.Now()
 					s.w.Interrupt(context.DeadlineExceeded)
 					select {
 					case <-deadlines:
-						assert.Greater(t, time.Since(start), 10*wire.WriteStall, "the deadline came while the socket took bytes")
-					case <-time.After(10 * time.Second):
+						// Timers never fire early: maxWriteLooks looks take that many writeStalls.
+						assert.GreaterOrEqual(t, time.Since(start), wire.MaxWriteLooks*wire.WriteStall*9/10,
+							"the deadline came while the socket's buffer had room")
+					case <-time.After(20 * time.Second):
 						t.Error("no deadline ended the write")
 					}
 				})
 			default:
+				s.cut.setOnWrite(started)
 				var cancel context.CancelFunc
 				ctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
 				defer cancel()
@@ -230,8 +239,19 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 			if tc == "the caller's deadline" {
 				assert.True(t, pgconn.Timeout(err), "want a timeout, got %v", err)
 			}
-			assert.Less(t, r.took, 5*time.Second)
+			assert.Less(t, r.took, 20*time.Second)
 			assert.True(t, s.w.Broken(), "the server has part of the request: the Conn must break (%v, after %v)", err, r.took)
+			if start := writeStart.Load(); start != 0 {
+				// The socket's buffer is full: wakeWriter sees the write stalled at its first
+				// looks, not after its last.
+				select {
+				case d := <-deadlines:
+					assert.Less(t, d.Sub(time.Unix(0, start)), wire.MaxWriteLooks*wire.WriteStall/2,
+						"a stalled write was taken for one that had not started")
+				default:
+					t.Error("no deadline ended the write")
+				}
+			}
 		})
 	}
 }
@@ -239,4 +259,112 @@ func TestScriptInterruptStalledWriteBreaks(t *testing.T) {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// wakeWriter tells a stalled write by its socket's send buffer: no room while the server reads
+// nothing (TCP, Unix, and through a *tls.Conn), room on an idle socket; nothing to tell through a
+// wrapper that hides the socket.
+func TestWritableSeesAStalledSocket(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			c, _ := socketPair(t, network)
+			assert.True(t, wire.Writable(c), "an idle socket")
+			assert.True(t, wire.Writable(tls.Client(c, &tls.Config{ServerName: "localhost"})), "through a *tls.Conn")
+			assert.False(t, wire.Writable(struct{ net.Conn }{c}), "a wrapper that hides the socket")
+			done := make(chan error, 1)
+			go func() {
+				_, err := c.Write(make([]byte, 64<<20)) // the server reads nothing
+				done <- err
+			}()
+			assert.Eventually(t, func() bool { return !wire.Writable(c) }, 5*time.Second, time.Millisecond, "a stalled socket")
+			assert.False(t, wire.Writable(tls.Client(c, &tls.Config{ServerName: "localhost"})), "a stalled socket through a *tls.Conn")
+			require.NoError(t, c.SetWriteDeadline(time.Now()))
+			require.Error(t, <-done)
+		})
+	}
+}
+
+// socketPair returns both ends of a loopback connection on network ("tcp" or "unix").
+func socketPair(t *testing.T, network string) (client, server net.Conn) {
+	t.Helper()
+	addr := "127.0.0.1:0"
+	if network == "unix" {
+		addr = filepath.Join(t.TempDir(), "s")
+	}
+	ln, err := net.Listen(network, addr)
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial(network, ln.Addr().String())
+	require.NoError(t, err)
+	server = <-accepted
+	require.NotNil(t, server)
+	t.Cleanup(func() {
+		_ = client.Close()
+		_ = server.Close()
+	})
+	return client, server
+}
+
+// lockedConn is a wrapper of the user's that holds its own mutex across its Write, and in
+// NetConn.
+type lockedConn struct {
+	net.Conn
+	mu sync.Mutex
+}
+
+func (c *lockedConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.Write(b)
+}
+
+func (c *lockedConn) NetConn() net.Conn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn
+}
+
+// wire asks a wrapper for its socket once, at New, and never while a write is under way or while
+// it holds its own mutex: a wrapper whose NetConn waits for its write (lockedConn) cannot wedge
+// the Conn. A write the server does not take is ended after an interrupt, and Close returns.
+// (Found by review: wakeWriter asked for the socket at each look, holding wire's mutex; with such
+// a wrapper the write was never ended and Close hung.)
+func TestWrapperNetConnDoesNotWedge(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	c, _ := socketPair(t, "tcp")
+	w := wire.New(&lockedConn{Conn: c}, wire.Options{Ready: true})
+	q := make([]byte, 5+32<<20)
+	q[0] = 'Q'
+	binary.BigEndian.PutUint32(q[1:], uint32(len(q)-1))
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := w.Write(q)
+		wrote <- err
+	}()
+	assert.Eventually(t, func() bool { return !wire.Writable(c) }, 5*time.Second, time.Millisecond, "the write stalls")
+	w.Interrupt(context.DeadlineExceeded)
+	select {
+	case err := <-wrote:
+		require.Error(t, err)
+	case <-time.After(10 * time.Second):
+		_ = c.Close() // unwedge, then fail
+		<-wrote
+		t.Fatal("the interrupted write was not ended")
+	}
+	closed := make(chan struct{})
+	go func() {
+		_ = w.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		_ = c.Close()
+		t.Fatal("Close hangs")
+	}
 }
