@@ -86,8 +86,8 @@ func (c *Conn) armWakeLocked() {
 
 // wakeWriter ends the socket write seq with a write deadline if it is still under way and the
 // server does not take it: the write then breaks the Conn (pgconn closes it). The deadline stays
-// until the write returns (consumeLocked and writeCopyFail leave it), so the write cannot miss
-// it.
+// until the write returns (consumeLocked, ClearInterrupt and writeCopyFail leave it), so the
+// write cannot miss it.
 //
 // A write whose socket's send buffer has room (poll's POLLOUT: on Linux, about a third of the
 // buffer free) is not held up by the server: its goroutine has not run since wire noted the write
@@ -120,7 +120,9 @@ func (c *Conn) wakeWriter(seq uint32, looks int) {
 }
 
 // SocketOf returns the socket under c, looking through wrappers that expose what they wrap
-// (NetConn, as *tls.Conn does), or nil if c hides it.
+// (NetConn, as *tls.Conn does), or nil if c hides it. New asks once: a wrapper that changes its
+// socket later, or shows it only later, is looked at through the one New found, or taken as
+// hiding it.
 func SocketOf(c net.Conn) syscall.RawConn {
 	for range 8 {
 		switch x := c.(type) {
@@ -149,7 +151,10 @@ func (c *Conn) ClearInterrupt() {
 		return
 	}
 	c.intr = nil
-	if c.st == stateReady || c.st == stateStartup {
+	switch {
+	case c.writing && c.wdead:
+		_ = c.Conn.SetReadDeadline(time.Time{}) // wakeWriter's write deadline must end its write
+	case c.st == stateReady || c.st == stateStartup:
 		_ = c.Conn.SetDeadline(time.Time{})
 	}
 }
