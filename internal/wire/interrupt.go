@@ -68,8 +68,8 @@ func (c *Conn) Interrupt(cause error) {
 // writeStall is how long an interrupted write may go on before wakeWriter looks at it.
 const writeStall = 10 * time.Millisecond
 
-// maxWriteLooks is how many times wakeWriter looks at a write under way whose socket takes
-// bytes before it ends it anyway: about a second of the process running (a frozen process runs
+// maxWriteLooks is how many times wakeWriter looks at a write under way whose send buffer has
+// room before it ends it anyway: about a second of the process running (a frozen process runs
 // no timer either).
 const maxWriteLooks = 100
 
@@ -152,9 +152,11 @@ func (c *Conn) ClearInterrupt() {
 	}
 	c.intr = nil
 	switch {
+	case c.st != stateReady && c.st != stateStartup:
+		// A drain owns the read deadline; a broken Conn needs none cleared.
 	case c.writing && c.wdead:
 		_ = c.Conn.SetReadDeadline(time.Time{}) // wakeWriter's write deadline must end its write
-	case c.st == stateReady || c.st == stateStartup:
+	default:
 		_ = c.Conn.SetDeadline(time.Time{})
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -267,7 +266,7 @@ func isTimeout(err error) bool {
 func TestWritableSeesAStalledSocket(t *testing.T) {
 	for _, network := range []string{"tcp", "unix"} {
 		t.Run(network, func(t *testing.T) {
-			c, _ := socketPair(t, network)
+			c, _ := wire.SocketPair(t, network)
 			assert.True(t, wire.Writable(c), "an idle socket")
 			assert.True(t, wire.Writable(tls.Client(c, &tls.Config{ServerName: "localhost"})), "through a *tls.Conn")
 			assert.False(t, wire.Writable(struct{ net.Conn }{c}), "a wrapper that hides the socket")
@@ -282,32 +281,6 @@ func TestWritableSeesAStalledSocket(t *testing.T) {
 			require.Error(t, <-done)
 		})
 	}
-}
-
-// socketPair returns both ends of a loopback connection on network ("tcp" or "unix").
-func socketPair(t *testing.T, network string) (client, server net.Conn) {
-	t.Helper()
-	addr := "127.0.0.1:0"
-	if network == "unix" {
-		addr = filepath.Join(t.TempDir(), "s")
-	}
-	ln, err := net.Listen(network, addr)
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	client, err = net.Dial(network, ln.Addr().String())
-	require.NoError(t, err)
-	server = <-accepted
-	require.NotNil(t, server)
-	t.Cleanup(func() {
-		_ = client.Close()
-		_ = server.Close()
-	})
-	return client, server
 }
 
 // lockedConn is a wrapper of the user's that holds its own mutex across its Write, and in
@@ -336,7 +309,7 @@ func (c *lockedConn) NetConn() net.Conn {
 // a wrapper the write was never ended and Close hung.)
 func TestWrapperNetConnDoesNotWedge(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	c, _ := socketPair(t, "tcp")
+	c, _ := wire.SocketPair(t, "tcp")
 	w := wire.New(&lockedConn{Conn: c}, wire.Options{Ready: true})
 	q := make([]byte, 5+32<<20)
 	q[0] = 'Q'

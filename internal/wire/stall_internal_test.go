@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -45,6 +47,51 @@ func TestCopyFailLeavesAStalledWritesDeadline(t *testing.T) {
 	go func() { copyFailed <- w.writeCopyFail(time.Now().Add(10 * time.Second)) }()
 	<-g.entered // the CopyFail holds smu, its socket write held back
 
+	wrote := stallWaitingWrite(t, w)
+	close(g.gate)
+	<-copyFailed // ended by the deadline, or written: either way the Write must end
+	requireWriteEnds(t, w, nc, wrote, "the CopyFail cleared its deadline")
+}
+
+// stalledPeer returns the client end of a loopback TCP connection whose server reads nothing.
+func stalledPeer(t *testing.T) net.Conn {
+	t.Helper()
+	c, _ := SocketPair(t, "tcp")
+	return c
+}
+
+// SocketPair returns both ends of a loopback connection on network ("tcp" or "unix"), closed when
+// t ends. (Exported for the package's external tests.)
+func SocketPair(t *testing.T, network string) (client, server net.Conn) {
+	t.Helper()
+	addr := "127.0.0.1:0"
+	if network == "unix" {
+		addr = filepath.Join(t.TempDir(), "s")
+	}
+	ln, err := net.Listen(network, addr)
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	client, err = net.Dial(network, ln.Addr().String())
+	require.NoError(t, err)
+	server = <-accepted
+	require.NotNil(t, server)
+	t.Cleanup(func() {
+		_ = client.Close()
+		_ = server.Close()
+	})
+	return client, server
+}
+
+// stallWaitingWrite starts a Write of bigQuery on w that waits for smu (which the caller holds),
+// interrupts it, and waits until wakeWriter has taken it for stalled (the socket hidden, so at its
+// first look). It returns the Write's result.
+func stallWaitingWrite(t *testing.T, w *Conn) <-chan error {
+	t.Helper()
 	wrote := make(chan error, 1)
 	go func() {
 		_, err := w.Write(bigQuery())
@@ -53,8 +100,13 @@ func TestCopyFailLeavesAStalledWritesDeadline(t *testing.T) {
 	require.Eventually(t, w.locked(func() bool { return w.writing }), 5*time.Second, time.Millisecond, "the Write waits for smu")
 	w.Interrupt(context.DeadlineExceeded)
 	require.Eventually(t, w.locked(func() bool { return w.wdead }), 5*time.Second, time.Millisecond, "wakeWriter took the Write for stalled")
-	close(g.gate)
-	<-copyFailed // ended by the deadline, or written: either way the Write must end
+	return wrote
+}
+
+// requireWriteEnds requires the Write whose result is wrote to end with an error, and w to break,
+// within 10 s; else it closes nc (the Write then ends) and fails, saying why the Write hung.
+func requireWriteEnds(t *testing.T, w *Conn, nc net.Conn, wrote <-chan error, why string) {
+	t.Helper()
 	select {
 	case err := <-wrote:
 		require.Error(t, err)
@@ -62,31 +114,8 @@ func TestCopyFailLeavesAStalledWritesDeadline(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		_ = nc.Close()
 		<-wrote
-		t.Fatal("the stalled Write hung: the CopyFail cleared its deadline")
+		t.Fatal("the stalled Write hung: " + why)
 	}
-}
-
-// stalledPeer returns the client end of a loopback TCP connection whose server reads nothing.
-func stalledPeer(t *testing.T) net.Conn {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	srv := <-accepted
-	t.Cleanup(func() {
-		_ = nc.Close()
-		if srv != nil {
-			_ = srv.Close()
-		}
-	})
-	return nc
 }
 
 // bigQuery is a Query message larger than both sockets' buffers.
@@ -113,25 +142,10 @@ func TestClearInterruptKeepsAStalledWritesDeadline(t *testing.T) {
 	nc := stalledPeer(t)
 	w := New(struct{ net.Conn }{nc}, Options{Ready: true}) // the socket hidden: stalled at the first look
 	w.smu.Lock()                                           // a write of the drain's holds the socket
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := w.Write(bigQuery())
-		wrote <- err
-	}()
-	require.Eventually(t, w.locked(func() bool { return w.writing }), 5*time.Second, time.Millisecond, "the Write waits for smu")
-	w.Interrupt(context.DeadlineExceeded)
-	require.Eventually(t, w.locked(func() bool { return w.wdead }), 5*time.Second, time.Millisecond, "wakeWriter took the Write for stalled")
+	wrote := stallWaitingWrite(t, w)
 	w.ClearInterrupt()
 	w.smu.Unlock()
-	select {
-	case err := <-wrote:
-		require.Error(t, err)
-		require.True(t, w.Broken())
-	case <-time.After(10 * time.Second):
-		_ = nc.Close()
-		<-wrote
-		t.Fatal("the stalled Write hung: ClearInterrupt cleared its deadline")
-	}
+	requireWriteEnds(t, w, nc, wrote, "ClearInterrupt cleared its deadline")
 }
 
 // hookedRaw runs before at its first Control, then the socket's own.
@@ -171,4 +185,30 @@ func TestWakeWriterChecksAgainAfterThePoll(t *testing.T) {
 	require.False(t, w.locked(func() bool { return w.wdead })(), "a deadline was set on write 2, which no interrupt hit")
 	_ = nc.SetWriteDeadline(time.Now())
 	<-filled
+}
+
+// ClearInterrupt during a drain leaves the socket's deadlines to the drain, even with a Write
+// under way that wakeWriter took for stalled: the drain's read deadline bounds its wait for the
+// server.
+func TestClearInterruptLeavesTheDrainsDeadline(t *testing.T) {
+	nc := stalledPeer(t)
+	w := New(nc, Options{Ready: true})
+	w.mu.Lock()
+	w.st, w.writing, w.wdead, w.intr = stateDraining, true, true, context.DeadlineExceeded
+	w.mu.Unlock()
+	require.NoError(t, nc.SetReadDeadline(time.Now().Add(50*time.Millisecond))) // the drain's
+	w.ClearInterrupt()
+	read := make(chan error, 1)
+	go func() {
+		_, err := nc.Read(make([]byte, 1)) // the server sends nothing
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		_ = nc.Close()
+		<-read
+		t.Fatal("the drain's read deadline was cleared")
+	}
 }
