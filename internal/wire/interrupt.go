@@ -151,12 +151,19 @@ func (c *Conn) ClearInterrupt() {
 		return
 	}
 	c.intr = nil
-	switch {
-	case c.st != stateReady && c.st != stateStartup:
-		// A drain owns the read deadline; a broken Conn needs none cleared.
-	case c.writing && c.wdead:
-		_ = c.Conn.SetReadDeadline(time.Time{}) // wakeWriter's write deadline must end its write
-	default:
+	if c.st == stateReady || c.st == stateStartup { // a drain owns the read deadline
+		c.clearDeadlinesLocked()
+	}
+}
+
+// clearDeadlinesLocked clears the socket's deadlines, but for the write deadline wakeWriter may
+// have set on the write under way, which must end that write: while a write is under way, only a
+// deadline of wakeWriter's can be the write deadline (a drain's CopyFail writes while draining),
+// so only the read deadline is cleared. Caller must hold c.mu.
+func (c *Conn) clearDeadlinesLocked() {
+	if c.writing {
+		_ = c.Conn.SetReadDeadline(time.Time{})
+	} else {
 		_ = c.Conn.SetDeadline(time.Time{})
 	}
 }
@@ -172,11 +179,7 @@ func (c *Conn) ClearInterrupt() {
 func (c *Conn) consumeLocked() error {
 	cause := c.intr
 	c.intr = nil
-	if c.writing {
-		_ = c.Conn.SetReadDeadline(time.Time{}) // a write deadline of wakeWriter's must end its write
-	} else {
-		_ = c.Conn.SetDeadline(time.Time{})
-	}
+	c.clearDeadlinesLocked()
 	owned := c.inFlightLocked()
 	if owned == 0 {
 		return timeoutError{}
