@@ -14,40 +14,78 @@ import (
 // lock manager's partition locks.
 const blameInterval = time.Second
 
-// holders is the registry of the pool's unbounded-lane leases by backend PID: the transactions
-// and held connections that may sit on row locks. Short leases are only noted by their PID in
+// holders is the registry of the pool's unbounded-lane leases: the transactions and held
+// connections that may sit on row locks. A lease is kept by its slot's index (bySlot, an array
+// of one entry per slot up to liveMax, so that registering costs one store under the lock, no
+// map), or by its backend PID past that (byPID). Short leases are only noted by their PID in
 // their slot's entry of the server's live table (liveEntry.pid), so that the Short hot path pays
 // two atomic stores for it, on a cache line it owns while it holds the slot, and the lookups name
 // them as the pool's own (server.holdsShort).
 type holders struct {
 	mu     sync.Mutex
-	byPID  map[uint32]*lease // guarded by mu
+	bySlot []*lease          // guarded by mu; made at addServer
+	byPID  map[uint32]*lease // guarded by mu: leases whose slot index is past bySlot
 	last   atomic.Int64      // unix nanos of the last lookup
 	lookup sync.WaitGroup
 }
 
 func (h *holders) add(l *lease) {
 	h.mu.Lock()
-	if h.byPID == nil {
-		h.byPID = make(map[uint32]*lease)
+	if i := l.slot.Index(); i < len(h.bySlot) {
+		h.bySlot[i] = l
+	} else {
+		if h.byPID == nil {
+			h.byPID = make(map[uint32]*lease)
+		}
+		h.byPID[l.pid] = l
 	}
-	h.byPID[l.pid] = l
 	h.mu.Unlock()
 }
 
 func (h *holders) remove(l *lease) {
 	h.mu.Lock()
-	if h.byPID[l.pid] == l {
+	if i := l.slot.Index(); i < len(h.bySlot) {
+		if h.bySlot[i] == l {
+			h.bySlot[i] = nil
+		}
+	} else if h.byPID[l.pid] == l {
 		delete(h.byPID, l.pid)
 	}
 	h.mu.Unlock()
+}
+
+// eachLocked calls f for every registered lease. Caller must hold h.mu.
+func (h *holders) eachLocked(f func(*lease)) {
+	for _, l := range h.bySlot {
+		if l != nil {
+			f(l)
+		}
+	}
+	for _, l := range h.byPID {
+		f(l)
+	}
+}
+
+// byPIDLocked returns the registered lease of backend pid, or nil. Caller must hold h.mu. It
+// scans the slots' array: lookups are rare (a lock timeout's report, the status page's lock
+// waits), registering is not.
+func (h *holders) byPIDLocked(pid uint32) *lease {
+	if pid == 0 {
+		return nil
+	}
+	for _, l := range h.bySlot {
+		if l != nil && l.pid == pid {
+			return l
+		}
+	}
+	return h.byPID[pid]
 }
 
 // status describes the registered lease of backend pid, if any, as of now. It reads the lease
 // under the registry's lock: a lease leaves the registry before it can be reused.
 func (h *holders) status(pid uint32, now time.Time) (LeaseStatus, bool) {
 	h.mu.Lock()
-	l := h.byPID[pid]
+	l := h.byPIDLocked(pid)
 	if l == nil {
 		h.mu.Unlock()
 		return LeaseStatus{}, false

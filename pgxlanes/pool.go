@@ -181,6 +181,7 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 	}
 	p.servers = append(p.servers, srv)
 	srv.live = make([]liveEntry, min(int(base.MaxConns), liveMax)) // one per slot of srv.res (Size: MaxConns), up to liveMax
+	srv.holders.bySlot = make([]*lease, len(srv.live))
 	return nil
 }
 

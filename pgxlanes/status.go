@@ -171,10 +171,10 @@ func (p *Pool) Status() Status {
 	var all []held
 	for _, srv := range p.servers {
 		srv.holders.mu.Lock()
-		for _, l := range srv.holders.byPID {
+		srv.holders.eachLocked(func(l *lease) {
 			ls, site := l.status(s.Taken)
 			all = append(all, held{ls, site})
-		}
+		})
 		srv.holders.mu.Unlock()
 	}
 	s.HeldLeases = len(all)
