@@ -68,9 +68,7 @@ func (r runAs) command(deathSig syscall.Signal, path string, args ...string) *ex
 		}
 	}
 	cmd.Env = append(env, "LC_ALL=C")
-	// Pdeathsig fires when the thread that started the child exits. Go threads live as long as
-	// the process unless a goroutine exits while locked to its thread, which the harness never does.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: r.cred, Pdeathsig: deathSig}
+	cmd.SysProcAttr = sysProcAttr(r.cred, deathSig)
 	return cmd
 }
 
