@@ -107,6 +107,8 @@ type Conn struct {
 	reqs []request // sent requests without their ReadyForQuery, oldest first
 	tx   byte      // transaction status of the last ReadyForQuery handed to pgconn
 	srv  byte      // transaction status of the last ReadyForQuery read from the server
+	// reqs0 is where reqs starts over once empty (popLocked): a request at a time never allocates.
+	reqs0 [4]request
 
 	staged string // settings to stage before the next request; == applied when none
 	// applied: the session settings the server has once every staged query is sent.

@@ -395,7 +395,9 @@ func (c *Conn) ownedLocked(typ byte, body []byte) bool {
 func (c *Conn) popLocked() {
 	c.reqs = c.reqs[1:]
 	if len(c.reqs) == 0 {
-		c.reqs = c.reqs[:0:cap(c.reqs)]
+		// Start over at the front: popping moves reqs along its array, which append would
+		// otherwise outgrow every few requests.
+		c.reqs = c.reqs0[:0]
 	}
 }
 

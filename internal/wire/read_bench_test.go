@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
@@ -97,4 +99,33 @@ func BenchmarkReadReply(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestRequestsDoNotAllocate: a query at a time through wire (its write, the request's tracking,
+// the reply's framing) allocates nothing; pgconn's own path allocates nothing either here.
+// Popping a request moves the tracking slice along its array, which once made append allocate
+// a new one every two requests.
+func TestRequestsDoNotAllocate(t *testing.T) {
+	reply := encode(t, &pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	c := wire.New(&replayConn{reply: reply}, wire.Options{Ready: true, Grace: time.Second})
+	fe := pgproto3.NewFrontend(c, c)
+	query := &pgproto3.Query{String: "select 1"}
+	roundTrip := func() {
+		fe.Send(query)
+		require.NoError(t, fe.Flush())
+		for {
+			m, err := fe.Receive()
+			require.NoError(t, err)
+			if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+				return
+			}
+		}
+	}
+	roundTrip()
+	allocs := testing.AllocsPerRun(100, func() {
+		for range 8 {
+			roundTrip()
+		}
+	})
+	assert.Zero(t, allocs, "allocations per 8 queries")
 }
