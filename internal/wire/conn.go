@@ -164,6 +164,7 @@ type Conn struct {
 func New(c net.Conn, opts Options) *Conn {
 	w := &Conn{Conn: c, opts: opts, sock: SocketOf(c)}
 	w.cond = sync.NewCond(&w.mu)
+	w.reqs = w.reqs0[:0]
 	if opts.Ready {
 		w.st, w.tx, w.srv = stateReady, 'I', 'I'
 	}
