@@ -43,7 +43,8 @@ fuzz:
 	done
 
 # Also for macOS, where developers run the tests too (the harness has no parent-death signal
-# there: sysproc_other.go). Windows builds the library but not the harness, which needs Unix.
+# there: sysproc_other.go). Windows builds the library (pgxlanes, reserve, txguard, metrics,
+# stdlib), not the test harness (internal/pgserver, Unix processes and signals) nor pgxlanestest.
 vet:
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./... && GOOS=darwin $(GO) vet ./...); done
 

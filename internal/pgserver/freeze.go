@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 	"time"
@@ -25,6 +26,10 @@ const stoppedTimeout = 5 * time.Second
 // when the test process exits for any reason, so that a killed or timed-out test leaves no
 // stopped server behind.
 func (s *Server) Freeze() error {
+	if runtime.GOOS != "linux" {
+		// It finds the postmaster's children and waits for them to stop through /proc.
+		return fmt.Errorf("harness: freeze: needs Linux's /proc, not %s", runtime.GOOS)
+	}
 	ls, err := s.localFor("freeze")
 	if err != nil {
 		return err

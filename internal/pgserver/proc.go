@@ -106,7 +106,9 @@ func tempBase(r runAs) string {
 }
 
 // removeStale removes directories left by harness processes that no longer exist, such as a test
-// binary killed by a timeout. Their servers died with them (Pdeathsig); only files remain.
+// binary killed by a timeout. On Linux their servers died with them (Pdeathsig); only files remain.
+// Elsewhere a server may live on: a directory whose postmaster lives is kept (a PgBouncer's, which
+// has no postmaster.pid, is not).
 func removeStale() {
 	for _, base := range []string{os.TempDir(), "/tmp"} {
 		matches, _ := filepath.Glob(filepath.Join(base, tempPrefix+"*"))
