@@ -53,7 +53,8 @@ func TestHoldersRegistry(t *testing.T) {
 	}
 	assert.ElementsMatch(t, []uint32{100, 101, 102}, listed())
 
-	// An earlier lease of slot 0 and of slot 2 (same slot, other PID) leaves the current ones.
+	// An earlier lease of slot 0 and of slot 2 (the same slot and PID, another lease: a held
+	// connection whose lease was reused) removes neither the array's entry nor the map's.
 	h.remove(testLease(slots[0], 100, kindTx))
 	h.remove(testLease(slots[2], 102, kindHeld))
 	assert.ElementsMatch(t, []uint32{100, 101, 102}, listed(), "a stale lease removes nothing")
