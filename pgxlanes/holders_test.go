@@ -72,3 +72,33 @@ func TestHoldersRegistry(t *testing.T) {
 func testLease(s reserve.Slot, pid uint32, kind callKind) *lease {
 	return &lease{hold: hold{slot: s, pid: pid, kind: kind, rt: route{lane: Tx}}}
 }
+
+// BenchmarkHoldersAddRemove: registering and unregistering a Tx lease, as every Tx or Long
+// lease does, by its slot's index (Registry=array, every slot below liveMax) and by its PID
+// (Registry=map: slots past liveMax, and every slot before the array was added).
+func BenchmarkHoldersAddRemove(b *testing.B) {
+	res, err := reserve.New(reserve.Config{Size: 8, Lanes: []reserve.LaneConfig{{Name: "tx", Reserved: 8}}})
+	require.NoError(b, err)
+	var leases []*lease
+	for i := range 8 {
+		s, err := res.AcquireAs(context.Background(), 0, reserve.Caller{})
+		require.NoError(b, err)
+		leases = append(leases, testLease(s, uint32(1000+i), kindTx))
+	}
+	for _, registry := range []string{"array", "map"} {
+		b.Run("Registry="+registry, func(b *testing.B) {
+			h := holders{}
+			if registry == "array" {
+				h.bySlot = make([]*lease, 8)
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				l := leases[i%len(leases)]
+				h.add(l)
+				h.remove(l)
+				i++
+			}
+		})
+	}
+}
