@@ -68,7 +68,7 @@ func TestHoldersRegistry(t *testing.T) {
 	assert.Empty(t, h.byPID)
 }
 
-// testLease is a lease of slot s and backend pid, of Tx.
+// testLease is a lease in the Tx lane, of slot s, backend pid and the kind given.
 func testLease(s reserve.Slot, pid uint32, kind callKind) *lease {
 	return &lease{hold: hold{slot: s, pid: pid, kind: kind, rt: route{lane: Tx}}}
 }
