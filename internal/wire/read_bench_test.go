@@ -104,8 +104,9 @@ func BenchmarkReadReply(b *testing.B) {
 
 // TestRequestsDoNotAllocate: a query at a time through wire (its write, the request's tracking,
 // the reply's framing) allocates nothing; nor does one that carries a staged SET, as a pgxlanes
-// lease's first query does. Popping a request moved the tracking slice along its
-// array, which once made append allocate a new one every two requests.
+// lease's first query does (that one is checked without -race only: see raceEnabled). Popping a
+// request moved the tracking slice along its array, which once made append allocate a new one
+// every two requests.
 func TestRequestsDoNotAllocate(t *testing.T) {
 	queryReply := []pgproto3.BackendMessage{&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'}}
 	setReply := []pgproto3.BackendMessage{&pgproto3.CommandComplete{CommandTag: []byte("SET")}, &pgproto3.ReadyForQuery{TxStatus: 'I'}}
@@ -136,6 +137,12 @@ func TestRequestsDoNotAllocate(t *testing.T) {
 				}
 			}
 			roundTrip()
+			if staged && raceEnabled {
+				// The write of a query with a staged SET takes its buffer from a sync.Pool,
+				// which the race detector empties at random: the count would be the pool's.
+				// The subtest without a SET checks the request tracking under -race.
+				t.Skip("a staged write's buffer is pooled; sync.Pool drops items at random under -race")
+			}
 			allocs := testing.AllocsPerRun(100, func() {
 				for range 8 {
 					roundTrip()
