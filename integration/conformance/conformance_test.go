@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/internal/race"
 	_ "github.com/pgxlanes/pgxlanes/pgxlanestest/containers"
 )
 
@@ -76,7 +77,7 @@ func TestPgxpoolConformance(t *testing.T) {
 	// One go test -c for both packages, so that the go command shares the work.
 	bins := t.TempDir()
 	args := []string{"test", "-c", "-o", bins + string(filepath.Separator)}
-	if raceEnabled {
+	if race.Enabled {
 		args = append(args, "-race")
 	}
 	args = append(args, "./"+filepath.Base(gen))
@@ -143,12 +144,12 @@ func TestPgxpoolConformance(t *testing.T) {
 	}
 	v := judge(names, lanes, ctrl, allow)
 
-	race := ""
-	if raceEnabled {
-		race = ", race detector on"
+	raceNote := ""
+	if race.Enabled {
+		raceNote = ", race detector on"
 	}
 	t.Logf("pgx %s pgxpool tests, one process each (%d at a time%s); build %v, runs %v",
-		pgxVersion, parallel, race, built.Sub(start).Round(100*time.Millisecond), time.Since(built).Round(100*time.Millisecond))
+		pgxVersion, parallel, raceNote, built.Sub(start).Round(100*time.Millisecond), time.Since(built).Round(100*time.Millisecond))
 	t.Logf("pgxlanes: %d passed, %d failed (%d allowlisted), %d skipped", v.Passed, v.Failed, len(v.Allowed), v.Skipped)
 	if control {
 		cp, cf, cs := count(ctrl)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/internal/race"
 )
 
 // TestStdlibConformance runs pgx's own database/sql tests (stdlib/sql_test.go) with every
@@ -38,7 +39,7 @@ func TestStdlibConformance(t *testing.T) {
 
 	bins := t.TempDir()
 	args := []string{"test", "-c", "-o", bins + string(filepath.Separator)}
-	if raceEnabled {
+	if race.Enabled {
 		args = append(args, "-race")
 	}
 	args = append(args, "./"+filepath.Base(gen))

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgxlanes/pgxlanes/internal/race"
 	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
@@ -104,7 +105,7 @@ func BenchmarkReadReply(b *testing.B) {
 
 // TestRequestsDoNotAllocate: a query at a time through wire (its write, the request's tracking,
 // the reply's framing) allocates nothing; nor does one that carries a staged SET, as a pgxlanes
-// lease's first query does (that one is checked without -race only: see raceEnabled). Popping a
+// lease's first query does (that one is checked without -race only: see race.Enabled). Popping a
 // request moved the tracking slice along its array, which once made append allocate a new one
 // every two requests.
 func TestRequestsDoNotAllocate(t *testing.T) {
@@ -137,7 +138,7 @@ func TestRequestsDoNotAllocate(t *testing.T) {
 				}
 			}
 			roundTrip()
-			if staged && raceEnabled {
+			if staged && race.Enabled {
 				// The write of a query with a staged SET takes its buffer from a sync.Pool,
 				// which the race detector empties at random: the count would be the pool's.
 				// The subtest without a SET checks the request tracking under -race.
