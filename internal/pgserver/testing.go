@@ -2,10 +2,13 @@ package pgserver
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // startTimeout bounds the start of the shared server. It is long because the Docker path may pull
@@ -100,6 +103,18 @@ func NewDatabase(tb testing.TB) string {
 		}
 	})
 	return dsn
+}
+
+// Password returns cfg's password, giving cfg a random one first if it has none, for tests that
+// check that a password never shows. The harness's own servers always ask for one; the server of
+// PGXLANES_TEST_DATABASE may let its role in without one (trust, peer, a certificate). pgconn has
+// read PGPASSWORD and the passfile into cfg already, so a cfg without a password is one whose
+// server asks for none: the password given here is never sent.
+func Password(cfg *pgconn.Config) string {
+	if cfg.Password == "" {
+		cfg.Password = "unasked-" + rand.Text()
+	}
+	return cfg.Password
 }
 
 // NewLocal starts a new local server with the options o (see StartLocal) and closes it, thawing

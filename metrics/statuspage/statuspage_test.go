@@ -30,10 +30,11 @@ func newPool(t *testing.T, params string) (*pgxlanes.Pool, string) {
 	}
 	cfg, err := pgxlanes.ParseConfig(dsn)
 	require.NoError(t, err)
+	password := pgserver.Password(&cfg.ConnConfig.Config)
 	p, err := pgxlanes.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
-	return p, cfg.ConnConfig.Password
+	return p, password
 }
 
 func get(t *testing.T, h http.Handler, method, target string, hdr map[string]string) (*http.Response, string) {
