@@ -22,7 +22,8 @@ import (
 // and removes its files (safe to call more than once). ctx bounds the start only.
 //
 // Clients authenticate to pgbouncer with SCRAM against an auth_file holding the upstream user and
-// password, and pgbouncer logs in upstream with the same. Every database of the upstream server is
+// password (a made-up one if upstreamDSN has none, for a server that asks none), and pgbouncer logs
+// in upstream with the same. Every database of the upstream server is
 // reachable, by its name. The database "pgbouncer" is the admin console (simple protocol only).
 //
 // pgbouncer before 1.21 does not support prepared statements in transaction and statement mode:
@@ -42,9 +43,11 @@ func StartPgBouncer(ctx context.Context, upstreamDSN string, poolMode string) (d
 		// The parse error may quote the DSN, password included: do not wrap it.
 		return "", nil, errors.New("harness: pgbouncer: invalid upstream DSN")
 	}
-	if up.Password == "" {
-		return "", nil, errors.New("harness: pgbouncer: the upstream DSN has no password")
-	}
+	// Clients log in to pgbouncer with SCRAM, which needs a password. An upstream DSN without one
+	// names a role that its server lets in without (PGXLANES_TEST_DATABASE may; pgconn has read
+	// PGPASSWORD and the passfile into up already): clients get a made-up one, which pgbouncer
+	// offers upstream only if asked, and the server does not ask.
+	Password(up)
 	run, err := currentRunAs()
 	if err != nil {
 		return "", nil, fmt.Errorf("harness: pgbouncer: %w", err)
