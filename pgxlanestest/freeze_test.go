@@ -48,7 +48,8 @@ func answersWithin(t *testing.T, pool *pgxlanes.Pool, d time.Duration) bool {
 
 // localShared returns the shared server, which these tests freeze. On the Docker path (make
 // test-containers) freezing it is unsupported by design, which TestFreezeRefusesOtherSources
-// checks, so they are skipped there with that reason; make test runs them on the local server.
+// checks, so they are skipped there with that reason, and on a server of PGXLANES_TEST_DATABASE,
+// which Freeze refuses too (TestNewPoolFromEnvironment); make test runs them on the local server.
 // Any other source fails.
 func localShared(t *testing.T) *pgserver.Server {
 	t.Helper()
@@ -58,6 +59,8 @@ func localShared(t *testing.T) *pgserver.Server {
 		return srv
 	case pgserver.SourceDocker:
 		t.Skip("the shared server is a Docker container, which Freeze refuses (TestFreezeRefusesOtherSources); make test runs this test on the local server")
+	case pgserver.SourceEnv:
+		t.Skipf("the shared server is %s's, which Freeze refuses (TestNewPoolFromEnvironment); make test, which does not read it, runs this test on the local server", pgserver.EnvDatabase)
 	}
 	t.Fatalf("this test needs the local server; the shared one is from %s", srv.Source())
 	return nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -110,6 +111,12 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 	defer w.r.mu.Unlock()
 	return w.r.out.Write(p)
 }
+
+// ownDatabases is the prefix of the databases this test process creates (pgserver.NewDatabase
+// names them pgxlanes_<pid>_<n>_<random>). A server of PGXLANES_TEST_DATABASE is shared with the
+// other packages' tests, which go test runs at the same time: counting databases by this prefix
+// leaves theirs out.
+var ownDatabases = fmt.Sprintf("pgxlanes_%d_", os.Getpid())
 
 // databases lists the databases of the shared server whose name starts with prefix.
 func databases(t *testing.T, prefix string) []string {

@@ -28,14 +28,14 @@ func TestNewPoolFreshDatabaseDropped(t *testing.T) {
 			var name string
 			require.NoError(t, pool.QueryRow(ctx, "select current_database()").Scan(&name))
 			names = append(names, name)
-			assert.Contains(t, databases(t, "pgxlanes_"), name)
+			assert.Contains(t, databases(t, ownDatabases), name)
 			assert.Equal(t, name, connect(t, pgxlanestest.DSN(t, pool)).Config().Database,
 				"DSN names the pool's database")
 		})
 	}
 	require.Len(t, names, 2)
 	assert.NotEqual(t, names[0], names[1], "each pool has a database of its own")
-	left := databases(t, "pgxlanes_")
+	left := databases(t, ownDatabases)
 	assert.NotContains(t, left, names[0], "dropped with its test")
 	assert.NotContains(t, left, names[1], "dropped with its test")
 }
@@ -70,7 +70,7 @@ func TestNewPoolOptions(t *testing.T) {
 // TestNewPoolBadOptions checks that a wrong option fails the test with its name, never the
 // password, and leaves no database behind.
 func TestNewPoolBadOptions(t *testing.T) {
-	before := databases(t, "pgxlanes_")
+	before := databases(t, ownDatabases)
 	for _, tc := range []struct {
 		name string
 		opts []pgxlanestest.Option
@@ -95,7 +95,7 @@ func TestNewPoolBadOptions(t *testing.T) {
 			assert.NotContains(t, msg, "hunter2")
 		})
 	}
-	assert.Equal(t, before, databases(t, "pgxlanes_"), "no database left behind")
+	assert.Equal(t, before, databases(t, ownDatabases), "no database left behind")
 }
 
 // TestNewPoolLeakedConnection checks that a pool that cannot close (a connection never
@@ -117,7 +117,7 @@ func TestNewPoolLeakedConnection(t *testing.T) {
 	conn.Release() // lets the pool's Close return
 	require.Len(t, errs, 1)
 	assert.Contains(t, errs[0], "the pool did not close within 200ms: 1 connection(s) still acquired")
-	assert.NotContains(t, databases(t, "pgxlanes_"), name)
+	assert.NotContains(t, databases(t, ownDatabases), name)
 }
 
 // TestNewPoolLogsToTest checks that the pool's log lines go to the test's output.
@@ -174,7 +174,9 @@ func TestNewPoolFromEnvironment(t *testing.T) {
 	assert.Contains(t, out, "pgxlanestest: NewPool: harness: create database")
 	assert.Contains(t, out, "--- FAIL: TestNewPoolFromEnvironment")
 	assert.NotContains(t, out, password)
-	assert.NotContains(t, out, cfg.Password)
+	if cfg.Password != "" { // a PGXLANES_TEST_DATABASE role may have none
+		assert.NotContains(t, out, cfg.Password)
+	}
 	assert.NotContains(t, out, "SKIP")
 }
 
