@@ -318,6 +318,10 @@ func TestNoPasswordInErrors(t *testing.T) {
 	const secret = "Sup3rSecretPassw0rd"
 	cfg.ConnConfig.Password = secret
 	bad := "postgres://" + cfg.ConnConfig.User + ":" + secret + "@" + cfg.ConnConfig.Host + ":" + itoa(int(cfg.ConnConfig.Port)) + "/" + cfg.ConnConfig.Database
+	_, err = pgxlanes.New(ctx, bad+"?lane_short_reserved=many")
+	if err == nil || regexp.MustCompile(secret).MatchString(err.Error()) {
+		t.Fatalf("config error: %v", err)
+	}
 	p, err := pgxlanes.New(ctx, bad+"?pool_max_conns=2")
 	if err != nil {
 		t.Fatal(err)
@@ -325,13 +329,13 @@ func TestNoPasswordInErrors(t *testing.T) {
 	defer p.Close()
 	err = p.Ping(ctx)
 	if err == nil {
+		if src := pgserver.Shared(t).Source(); src == pgserver.SourceEnv {
+			// The harness's own servers ask every role for its password; make test runs this there.
+			t.Skipf("the server of %s lets its role in without a password: no login error to check", pgserver.EnvDatabase)
+		}
 		t.Fatal("wrong password accepted")
 	}
 	if regexp.MustCompile(secret).MatchString(err.Error()) {
 		t.Fatalf("error leaks the password: %v", err)
-	}
-	_, err = pgxlanes.New(ctx, bad+"?lane_short_reserved=many")
-	if err == nil || regexp.MustCompile(secret).MatchString(err.Error()) {
-		t.Fatalf("config error: %v", err)
 	}
 }
