@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -112,11 +111,10 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 	return w.r.out.Write(p)
 }
 
-// ownDatabases is the prefix of the databases this test process creates (pgserver.NewDatabase
-// names them pgxlanes_<pid>_<n>_<random>). A server of PGXLANES_TEST_DATABASE is shared with the
-// other packages' tests, which go test runs at the same time: counting databases by this prefix
-// leaves theirs out.
-var ownDatabases = fmt.Sprintf("pgxlanes_%d_", os.Getpid())
+// ownDatabases is the prefix of the databases this test process creates. A server of
+// PGXLANES_TEST_DATABASE is shared with the other packages' tests, which go test runs at the same
+// time: counting databases by this prefix leaves theirs out.
+var ownDatabases = pgserver.DatabasePrefix()
 
 // databases lists the databases of the shared server whose name starts with prefix.
 func databases(t *testing.T, prefix string) []string {

@@ -205,11 +205,15 @@ func (s *Server) Close() error {
 	return s.closeErr
 }
 
+// DatabasePrefix is how the names of the databases CreateDatabase makes in this process begin
+// (pgxlanes_<pid>_): on a server other processes' tests share, a test counts its own by it.
+func DatabasePrefix() string { return fmt.Sprintf("pgxlanes_%d_", os.Getpid()) }
+
 // CreateDatabase creates a database with a unique name and returns its DSN. Tests use one database
 // each, so that per-database statistics such as pg_stat_database.sessions belong to one test. The
 // caller drops the database when done (NewDatabase does it in a cleanup).
 func (s *Server) CreateDatabase(ctx context.Context) (string, error) {
-	name := fmt.Sprintf("pgxlanes_%d_%d_%s", os.Getpid(), s.dbSeq.Add(1), randomHex(4))
+	name := fmt.Sprintf("%s%d_%s", DatabasePrefix(), s.dbSeq.Add(1), randomHex(4))
 	if err := s.exec(ctx, "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", fmt.Errorf("harness: create database %s: %w", name, err)
 	}
