@@ -112,8 +112,28 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 			return nil, p.laneError(rt, start, err)
 		}
 	}
-	pctx, cancel, idle := p.poolCtx(ctx, rt, start)
-	pc, err := srv.pool.Acquire(pctx)
+	// A parked connection if any (park.go); else pgxpool's.
+	var pc *pgxpool.Conn
+	var epoch uint32
+	var cancel func()
+	idle := true
+	parks := srv.parks.Load()
+	if parks {
+		at := start
+		if waited || fslot >= 0 || rt.probation {
+			at = monoNow() // the caller may have waited: a connection may have expired meanwhile
+		}
+		pc, epoch = srv.park.take(func(pc *pgxpool.Conn) bool { return srv.expired(pc, at) })
+	}
+	if pc == nil {
+		var pctx context.Context
+		pctx, cancel, idle = p.poolCtx(ctx, rt, start)
+		if parks {
+			pc, err = srv.acquireCounted(pctx)
+		} else {
+			pc, err = srv.pool.Acquire(pctx)
+		}
+	}
 	if cancel != nil {
 		cancel()
 	}
@@ -132,18 +152,24 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	if waited || fslot >= 0 || rt.probation || !idle {
 		acquired = monoNow()
 	}
-	return p.newLease(pc, slot, &rt, kind, sql, fslot, acquired), nil
+	l = p.newLease(pc, slot, &rt, kind, sql, fslot, acquired)
+	l.epoch = epoch
+	return l, nil
 }
 
 // adopt makes a lease for an idle connection of AcquireAllIdle, if lane rt may take a slot
 // without waiting.
-func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn) (*lease, bool) {
+func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn, epoch uint32) (*lease, bool) {
 	lr := &p.lanes[rt.lane]
 	slot, ok := lr.srv.res.TryAcquireAs(lr.idx, rt.tag)
 	if !ok {
 		return nil, false
 	}
 	l := p.newLease(pc, slot, &rt, kindHeld, "", -1, monoNow())
+	l.epoch = epoch
+	if l.w != nil {
+		l.w.ParkedFor = 0 // pgxpool's AcquireAllIdle calls no ShouldPing to read it (pingctx.go)
+	}
 	p.reportAcquire(ctx, rt, l.acquired, false, l, nil)
 	return l, true
 }

@@ -35,8 +35,16 @@ var (
 // timeouts, rejections and budget actions. Export those with the metrics packages beside it.
 type PgxpoolView struct{ p *Pool }
 
-// PgxpoolView returns the pool's view for pgxpool exporters.
-func (p *Pool) PgxpoolView() PgxpoolView { return PgxpoolView{p} }
+// PgxpoolView returns the pool's view for pgxpool exporters. Taking one turns parking off (park.go):
+// pgxpool's own figures then count every lease's acquire and release, as the exporter expects.
+func (p *Pool) PgxpoolView() PgxpoolView {
+	for _, srv := range p.servers {
+		if srv.parks.Swap(false) {
+			srv.park.flush(false, true) // and refuse a lease that read parks before the Swap
+		}
+	}
+	return PgxpoolView{p}
+}
 
 // Stat returns the statistics of the pgxpool under the lanes (of the primary, when Long is aimed
 // at another server).

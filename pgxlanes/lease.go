@@ -69,6 +69,7 @@ type hold struct {
 	// fleetSlot is the fleet slot a Long lease holds (fleet.go), -1 for none.
 	fleetSlot int32
 	pid       uint32
+	epoch     uint32 // the parking epoch pc was acquired from pgxpool in (park.go)
 	kind      callKind
 	// watched: the guard watches the lease (it has a budget or a mark; written by the sweep
 	// under mu, for a published lease); registered: it is in srv.holders (a Tx or Long lease);
@@ -250,11 +251,14 @@ func (l *lease) end(how endHow) *pgx.Conn {
 			return nil // counted as cleaning; Cleaned ends the lease when the drain does
 		}
 		l.setLocked(phEnded) // releasing -> ended: no other transition leaves releasing
+		now := monoNow()
 		if !fit {
 			l.closeConn()
 		}
-		l.pc.Release() // pgxpool destroys a connection that is closed, busy or in a transaction
-		l.done()
+		if !fit || !l.park(now) {
+			l.pc.Release() // pgxpool destroys a connection that is closed, busy or in a transaction
+		}
+		l.done(now)
 		l.recycle()
 		return nil
 	}
@@ -293,7 +297,7 @@ func (l *lease) end(how endHow) *pgx.Conn {
 		l.pc.Hijack()
 		l.srv.open.Add(-1)
 	}
-	l.done()
+	l.done(monoNow())
 	if how != endTerminated {
 		l.recycle()
 	}
@@ -302,7 +306,7 @@ func (l *lease) end(how endHow) *pgx.Conn {
 
 // done is the end's last part, once the connection is back or gone: the registry, the counts, the
 // slot, the learner and the observers.
-func (l *lease) done() {
+func (l *lease) done(now mono) {
 	p, srv := l.p, l.srv
 	if l.registered {
 		srv.holders.remove(l)
@@ -317,7 +321,7 @@ func (l *lease) done() {
 		p.fleet.release(l.fleetSlot)
 	}
 	srv.res.Release(l.slot)
-	hold := l.acquired.since()
+	hold := time.Duration(now - l.acquired)
 	p.holds.record(l.rt.lane, hold)
 	if l.rt.learn {
 		p.learned(l, hold)
@@ -326,6 +330,23 @@ func (l *lease) done() {
 		p.obs.release(ReleaseEvent{Lane: l.rt.lane, Tag: l.rt.tag, Hold: hold, PID: l.pid, Budget: l.budget,
 			Flagged: flagged, CallSite: l.callSite.String()})
 	}
+}
+
+// park parks the lease's connection for the next lease (park.go), if pgxpool would take it back
+// as it is (not closed, busy or in a transaction) and it has not outlived MaxConnLifetime.
+func (l *lease) park(now mono) bool {
+	srv := l.srv
+	if !srv.parks.Load() {
+		return false
+	}
+	pg := l.conn.PgConn()
+	if pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'I' {
+		return false
+	}
+	if srv.expired(l.pc, now) {
+		return false // pgxpool closes it, or keeps it within MaxConnLifetimeJitter
+	}
+	return srv.park.put(l.pc, l.epoch, now)
 }
 
 // Cleaned is the drain's callback (wire.Cleaner): releasing -> ended, once the connection is clean.

@@ -96,6 +96,11 @@ func (c *pingCtx) Value(key any) any {
 // over a second): when pgxpool will ping, the lane's bound starts to apply to the acquire.
 func shouldPing(user func(context.Context, pgxpool.ShouldPingParams) bool) func(context.Context, pgxpool.ShouldPingParams) bool {
 	return func(ctx context.Context, params pgxpool.ShouldPingParams) bool {
+		if w := wireOf(params.Conn.PgConn()); w != nil && w.ParkedFor != 0 {
+			// Idle while parked too, before pgxpool had it back (park.go).
+			params.IdleDuration += time.Duration(w.ParkedFor)
+			w.ParkedFor = 0
+		}
 		var ping bool
 		if user != nil {
 			ping = user(ctx, params)

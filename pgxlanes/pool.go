@@ -174,6 +174,8 @@ func (p *Pool) addServer(ctx context.Context, base *pgxpool.Config, lanes []Lane
 		return fromReserveConfig(err)
 	}
 	srv.term = newTerminator(ctx, base, p.obs.logger)
+	srv.parks.Store(parkingAllowed(base))
+	srv.lifetime = base.MaxConnLifetime
 	pc := p.pgxpoolConfig(base, srv)
 	srv.connectTimeout = pc.ConnConfig.ConnectTimeout
 	if srv.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
@@ -234,6 +236,9 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 		if err := p.learnSession(ctx, srv, c); err != nil {
 			return err
 		}
+		if w := wireOf(c.PgConn()); w != nil {
+			w.Born = int64(monoNow())
+		}
 		srv.open.Add(1)
 		return nil
 	}
@@ -270,6 +275,7 @@ func (p *Pool) Close() {
 			srv.res.Close()
 		}
 		for _, srv := range p.servers {
+			srv.park.flush(false, true)
 			srv.pool.Close()
 		}
 		if p.sweep.timer != nil {
@@ -292,7 +298,10 @@ func (p *Pool) Close() {
 // and their counters are not affected.
 func (p *Pool) Reset() {
 	for _, srv := range p.servers {
+		// pgxpool's Reset first: a lease that takes a connection after the flush below gets one
+		// pgxpool opened after the Reset, or one it closes when it comes back (its epoch is old).
 		srv.pool.Reset()
+		srv.park.flush(true, false) // none acquired before is parked again: pgxpool closes each as it comes back
 	}
 }
 
@@ -421,10 +430,13 @@ func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
 	if err := p.route(ctx, Tx, "", &rt); err != nil {
 		return nil
 	}
-	idle := p.lanes[rt.lane].srv.pool.AcquireAllIdle(ctx)
+	srv := p.lanes[rt.lane].srv
+	srv.park.flush(false, false) // parked connections are idle ones
+	epoch := srv.park.current()  // before pgxpool's acquire: a Reset after it is seen at the end
+	idle := srv.pool.AcquireAllIdle(ctx)
 	conns := make([]*Conn, 0, len(idle))
 	for _, pc := range idle {
-		l, ok := p.adopt(ctx, rt, pc)
+		l, ok := p.adopt(ctx, rt, pc, epoch)
 		if !ok {
 			pc.Release()
 			continue

@@ -33,6 +33,12 @@ type server struct {
 	// a millisecond; 0 before any lease ended): if it is old, or none ended yet, the idle
 	// connection pgxpool hands out next may be pinged first.
 	lastUse atomic.Int64
+
+	// parks: leases park their connections here between them (park.go); lifetime is pgxpool's
+	// MaxConnLifetime (0: none), past which a connection is not parked.
+	parks    atomic.Bool // false once a PgxpoolView is taken (compat.go)
+	park     parking
+	lifetime time.Duration
 }
 
 // lanesOn returns the lanes on the primary, and those aimed at another server.

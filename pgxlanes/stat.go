@@ -110,9 +110,10 @@ func (c *laneCounts) violated(v Violation) {
 // and Learning for the statements learned as slow. The acquire figures are the lanes' (they
 // include the wait for a lane slot); the connection figures are pgxpool's.
 type Stat struct {
-	s     []*pgxpool.Stat // one per server, the primary first
-	lanes [numLanes]LaneStat
-	learn LearningStat
+	s      []*pgxpool.Stat // one per server, the primary first
+	parked int32           // connections parked between leases (park.go): idle, to pgxlanes
+	lanes  [numLanes]LaneStat
+	learn  LearningStat
 }
 
 // LearningStat describes what the pool learned about unannotated statements sent to Short.
@@ -138,7 +139,8 @@ func (p *Pool) Stat() *Stat {
 	// agree with each other: a slot moving from one lane to another is never counted twice.
 	snaps := make(map[*server]reserve.Stat, len(p.servers))
 	for _, srv := range p.servers {
-		st.s = append(st.s, srv.pool.Stat())
+		ps, parked := srv.park.stat(srv.pool)
+		st.s, st.parked = append(st.s, ps), st.parked+parked
 		snaps[srv] = srv.res.Stat()
 	}
 	for i := range numLanes {
@@ -197,8 +199,9 @@ func (s *Stat) AcquireDuration() time.Duration {
 	return time.Duration(s.sum(func(l *LaneStat) int64 { return int64(l.AcquireWait) }))
 }
 
-// AcquiredConns is the number of connections currently acquired.
-func (s *Stat) AcquiredConns() int32 { return sum32(s.s, (*pgxpool.Stat).AcquiredConns) }
+// AcquiredConns is the number of connections currently acquired (by leases: a connection parked
+// between two leases is idle).
+func (s *Stat) AcquiredConns() int32 { return sum32(s.s, (*pgxpool.Stat).AcquiredConns) - s.parked }
 
 // CanceledAcquireCount is the number of acquires that ended without a connection because the
 // caller's ctx ended or the lane's acquire timeout ran out.
@@ -218,7 +221,7 @@ func (s *Stat) EmptyAcquireCount() int64 {
 func (s *Stat) EmptyAcquireWaitTime() time.Duration { return s.AcquireDuration() }
 
 // IdleConns is the number of idle connections.
-func (s *Stat) IdleConns() int32 { return sum32(s.s, (*pgxpool.Stat).IdleConns) }
+func (s *Stat) IdleConns() int32 { return sum32(s.s, (*pgxpool.Stat).IdleConns) + s.parked }
 
 // MaxConns is the pool's total, shared by the lanes (with Long on another server, both pools').
 func (s *Stat) MaxConns() int32 { return sum32(s.s, (*pgxpool.Stat).MaxConns) }

@@ -90,6 +90,14 @@ var errBroken = errors.New("wire: connection unusable after an interrupted reque
 // way (a write deadline that fires breaks a TLS session for good).
 type Conn struct {
 	net.Conn
+	// Born is the user's record of when the connection was made (pgxlanes: a reading of its
+	// clock), set once before the Conn is shared; wire does not read it.
+	Born int64
+	// ParkedFor is the user's record of how long the connection was idle before it went back
+	// to its pool (pgxlanes: parked between leases), read and reset when the pool next hands it
+	// out; wire does not read it.
+	ParkedFor int64
+
 	opts   Options
 	cancel func(context.Context) error // sends a cancel request for this session; nil: none
 	// sock is the socket under Conn, found at New (SocketOf), for wakeWriter to poll; nil when
