@@ -4,18 +4,25 @@
 # benchmarks (BENCHCOUNT runs, default 6) through benchstat. Run it on a quiet machine; the output
 # says what the load was.
 #
-#   docs/figures.sh            # everything, about 15 minutes
+#   docs/figures.sh            # everything, about 35 minutes on 2 shared cores
 #   RUNS=7 docs/figures.sh tests
 #   docs/figures.sh bench
 #   docs/figures.sh learner    # the learner's key benchmarks alone (part of bench)
 #   DEMO_PLOT=docs/starvation.png docs/figures.sh demo
+#   FIGURES_RAW=/tmp/raw docs/figures.sh all   # and keep the raw outputs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
 BENCHCOUNT=${BENCHCOUNT:-6}
 what=${1:-all}
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# FIGURES_RAW=dir keeps every run's raw output there (the benchmarks' bench.txt, the demo's runs).
+if [ -n "${FIGURES_RAW:-}" ]; then
+	out=$FIGURES_RAW
+	mkdir -p "$out"
+else
+	out=$(mktemp -d)
+	trap 'rm -rf "$out"' EXIT
+fi
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "commit: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')"
