@@ -25,7 +25,7 @@ import (
 //
 // What pgxpool would call at each release and acquire cannot be skipped: parking is off where any
 // of it is set (parkingAllowed): AfterRelease, PrepareConn or BeforeAcquire, ShouldPing, a tracer
-// of acquires or releases; and with MinIdleConns (pgxpool would dial to make up for parked
+// of releases (pgxlanes calls a tracer of acquires itself, for every lease); and with MinIdleConns (pgxpool would dial to make up for parked
 // connections it counts as acquired), or a MaxConnIdleTime or HealthCheckPeriod short enough for
 // the delay to show.
 type parking struct {
@@ -62,11 +62,10 @@ func parkingAllowed(pc *pgxpool.Config) bool {
 	if pc.MaxConnIdleTime > 0 && pc.MaxConnIdleTime < 20*parkPeriod || pc.HealthCheckPeriod > 0 && pc.HealthCheckPeriod < 20*parkPeriod {
 		return false
 	}
-	switch pc.ConnConfig.Tracer.(type) {
-	case pgxpool.AcquireTracer, pgxpool.ReleaseTracer:
-		return false
-	}
-	return true
+	// An AcquireTracer is no reason: pgxlanes calls it itself around each lease's acquire, parked
+	// or not, and hides it from pgxpool (tracer.go). A ReleaseTracer pgxpool calls at its Release.
+	_, traced := pc.ConnConfig.Tracer.(pgxpool.ReleaseTracer)
+	return !traced
 }
 
 // take returns a parked connection and the epoch it was acquired in, or nil: the caller then

@@ -128,7 +128,7 @@ func TestParkingOffWithHooks(t *testing.T) {
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, MaxConnIdleTime: 100 * time.Millisecond}))
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, HealthCheckPeriod: 100 * time.Millisecond}))
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, BeforeAcquire: func(context.Context, *pgx.Conn) bool { return true }}))
-	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{Tracer: acquireTracer{}}}))
+	assert.True(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{Tracer: acquireTracer{}}}))
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{Tracer: releaseTracer{}}}))
 	assert.True(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}}))
 }
@@ -550,4 +550,56 @@ func TestParkingStatDuringSweep(t *testing.T) {
 		}
 	}
 	assert.Positive(t, parkedSeen, "Stat saw parked connections")
+}
+
+// countingAcquireTracer counts the acquires traced, as otelpgx's Tracer (an AcquireTracer, not a
+// ReleaseTracer) would trace them.
+type countingAcquireTracer struct{ starts, ends atomic.Int64 }
+
+func (c *countingAcquireTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (c *countingAcquireTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *countingAcquireTracer) TraceAcquireStart(ctx context.Context, _ *pgxpool.Pool, _ pgxpool.TraceAcquireStartData) context.Context {
+	c.starts.Add(1)
+	return ctx
+}
+func (c *countingAcquireTracer) TraceAcquireEnd(_ context.Context, _ *pgxpool.Pool, d pgxpool.TraceAcquireEndData) {
+	if d.Err == nil {
+		c.ends.Add(1)
+	}
+}
+
+// TestParkingWithAcquireTracer: a tracer of acquires (otelpgx's) leaves parking on, and sees every
+// call's acquire, served from the stack or not, as many as beside plain pgxpool.
+func TestParkingWithAcquireTracer(t *testing.T) {
+	ctx := context.Background()
+	tl, tp := &countingAcquireTracer{}, &countingAcquireTracer{}
+	first := true
+	lanes, plain := parkPools(t, "pool_max_conns=2", func(c *pgxpool.Config) {
+		if first {
+			c.ConnConfig.Tracer = tl
+		} else {
+			c.ConnConfig.Tracer = tp
+		}
+		first = false
+	})
+	srv := lanes.servers[0]
+	require.True(t, srv.parks.Load(), "an AcquireTracer leaves parking on")
+	_, err := lanes.Exec(ctx, "select 1")
+	require.NoError(t, err)
+	_, err = plain.Exec(ctx, "select 1")
+	require.NoError(t, err)
+	before := srv.pool.Stat().AcquireCount()
+	const n = 50
+	for range n {
+		_, err := lanes.Exec(ctx, "select 1")
+		require.NoError(t, err)
+		_, err = plain.Exec(ctx, "select 1")
+		require.NoError(t, err)
+	}
+	assert.Less(t, srv.pool.Stat().AcquireCount()-before, int64(n/2), "most leases took the parked connection")
+	assert.Equal(t, tp.starts.Load(), tl.starts.Load())
+	assert.Equal(t, tp.ends.Load(), tl.ends.Load())
+	assert.Equal(t, int64(n+1), tl.ends.Load())
 }
