@@ -53,6 +53,7 @@ var parkPeriod = 50 * time.Millisecond
 // parkingAllowed reports whether nothing that pgxpool calls or counts at a release and the next
 // acquire would miss them, for the configuration pgxpool is given, before pgxlanes wraps it.
 func parkingAllowed(pc *pgxpool.Config) bool {
+	//lint:ignore SA1019 pgxpool still calls a BeforeAcquire the user set, at every acquire
 	if pc.AfterRelease != nil || pc.PrepareConn != nil || pc.BeforeAcquire != nil || pc.ShouldPing != nil {
 		return false
 	}

@@ -127,6 +127,7 @@ func TestParkingOffWithHooks(t *testing.T) {
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, MinIdleConns: 1}))
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, MaxConnIdleTime: 100 * time.Millisecond}))
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, HealthCheckPeriod: 100 * time.Millisecond}))
+	//lint:ignore SA1019 a BeforeAcquire the user set still runs at every acquire of pgxpool's
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{}, BeforeAcquire: func(context.Context, *pgx.Conn) bool { return true }}))
 	assert.True(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{Tracer: acquireTracer{}}}))
 	assert.False(t, parkingAllowed(&pgxpool.Config{ConnConfig: &pgx.ConnConfig{Tracer: releaseTracer{}}}))
