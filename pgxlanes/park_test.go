@@ -42,6 +42,25 @@ func parkPools(t *testing.T, params string, cfg func(*pgxpool.Config)) (*Pool, *
 	return lanes, plain
 }
 
+// setParkPeriod sets the sweep's period for one test.
+func setParkPeriod(t *testing.T, d time.Duration) {
+	period := parkPeriod
+	parkPeriod = d
+	t.Cleanup(func() { parkPeriod = period })
+}
+
+// closeWithin closes p, failing the test if Close does not return within d.
+func closeWithin(t *testing.T, p *Pool, d time.Duration) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatal("Close did not return")
+	}
+}
+
 func withParam(dsn, params string) string {
 	if params == "" {
 		return dsn
@@ -283,9 +302,7 @@ func TestParkingExpiresWhileParked(t *testing.T) {
 // slot) is not handed a connection that expired while it waited: the take reads the clock after
 // any wait. (From the second review of the branch.)
 func TestParkingExpiresDuringFleetWait(t *testing.T) {
-	period := parkPeriod
-	parkPeriod = 2 * time.Second // the connection stays parked throughout (test only)
-	t.Cleanup(func() { parkPeriod = period })
+	setParkPeriod(t, 2*time.Second) // the connection stays parked throughout (test only)
 	ctx := context.Background()
 	dsn := withParam(pgserver.NewDatabase(t), "pool_max_conns=4&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=10s")
 	const life = 400 * time.Millisecond
@@ -424,18 +441,10 @@ func TestParkingOnASecondServer(t *testing.T) {
 	lanes.Reset()
 	assert.NotEqual(t, old, backendPID(t, onLane{lanes, Long}), "Reset closed the parked connection of the second server")
 	// No sweep from here on: Close must release both servers' parked connections itself.
-	period := parkPeriod
-	parkPeriod = time.Hour
-	t.Cleanup(func() { parkPeriod = period })
+	setParkPeriod(t, time.Hour)
 	backendPID(t, onLane{lanes, Long})
 	backendPID(t, lanes)
-	done := make(chan struct{})
-	go func() { lanes.Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not return")
-	}
+	closeWithin(t, lanes, 10*time.Second)
 }
 
 // TestParkingStress: leases of every kind from many goroutines on few connections; no call
@@ -451,9 +460,7 @@ func TestParkingStress(t *testing.T) {
 	require.True(t, srv.parks.Load())
 	// No sweep from here on: Close must release what is parked itself (pgxpool's Close waits
 	// for every acquired connection).
-	period := parkPeriod
-	parkPeriod = time.Hour
-	t.Cleanup(func() { parkPeriod = period })
+	setParkPeriod(t, time.Hour)
 	stop := time.Now().Add(2 * time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -502,22 +509,14 @@ func TestParkingStress(t *testing.T) {
 	assert.Positive(t, lanes.Stat().IdleConns()-srv.pool.Stat().IdleConns(), "some parked")
 	_, err = lanes.Exec(ctx, "select 1") // one parked now: Close must release it
 	require.NoError(t, err)
-	done := make(chan struct{})
-	go func() { lanes.Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not return")
-	}
+	closeWithin(t, lanes, 10*time.Second)
 }
 
 // TestParkingStatDuringSweep: with no lease held, Stat counts every connection idle and none
 // acquired at every moment, while the sweep gives parked connections back to pgxpool; a
 // connection the sweep has taken off the stack and not yet given back would count as acquired.
 func TestParkingStatDuringSweep(t *testing.T) {
-	period := parkPeriod
-	parkPeriod = time.Millisecond // sweeps all the time (test only)
-	t.Cleanup(func() { parkPeriod = period })
+	setParkPeriod(t, time.Millisecond) // sweeps all the time (test only)
 	ctx := context.Background()
 	const conns = 6 // the Tx lane's cap in a pool of 8
 	lanes, _ := parkPools(t, "pool_max_conns=8", nil)
