@@ -42,6 +42,32 @@ func parkPools(t *testing.T, params string, cfg func(*pgxpool.Config)) (*Pool, *
 	return lanes, plain
 }
 
+// parkPoolsEach is parkPools with a configuration of its own for each pool.
+func parkPoolsEach(t *testing.T, params string, lanesCfg, plainCfg func(*pgxpool.Config)) (*Pool, *pgxpool.Pool) {
+	t.Helper()
+	first := true
+	return parkPools(t, params, func(c *pgxpool.Config) {
+		if first {
+			lanesCfg(c)
+		} else {
+			plainCfg(c)
+		}
+		first = false
+	})
+}
+
+// execBoth runs "select 1" n times on each pool in turn.
+func execBoth(t *testing.T, lanes *Pool, plain *pgxpool.Pool, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for range n {
+		_, err := lanes.Exec(ctx, "select 1")
+		require.NoError(t, err)
+		_, err = plain.Exec(ctx, "select 1")
+		require.NoError(t, err)
+	}
+}
+
 // setParkPeriod sets the sweep's period for one test.
 func setParkPeriod(t *testing.T, d time.Duration) {
 	period := parkPeriod
@@ -84,12 +110,7 @@ func TestParkingSkipsPgxpool(t *testing.T) {
 	require.NoError(t, err)
 	before := srv.pool.Stat().AcquireCount()
 	const n = 200
-	for range n {
-		_, err := lanes.Exec(ctx, "select 1")
-		require.NoError(t, err)
-		_, err = plain.Exec(ctx, "select 1")
-		require.NoError(t, err)
-	}
+	execBoth(t, lanes, plain, n)
 	assert.LessOrEqual(t, srv.pool.Stat().AcquireCount()-before, int64(n/10), "most leases took the parked connection")
 	st, ps := lanes.Stat(), plain.Stat()
 	assert.Equal(t, ps.AcquiredConns(), st.AcquiredConns())
@@ -104,7 +125,6 @@ func TestParkingSkipsPgxpool(t *testing.T) {
 // TestParkingOffWithHooks: where the user set what pgxpool calls at each release or acquire,
 // every lease goes through pgxpool, which calls them as often as beside.
 func TestParkingOffWithHooks(t *testing.T) {
-	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
 		set  func(*pgxpool.Config, *atomic.Int64)
@@ -121,23 +141,11 @@ func TestParkingOffWithHooks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var nl, np atomic.Int64
-			first := true
-			lanes, plain := parkPools(t, "pool_max_conns=2", func(c *pgxpool.Config) {
-				if first {
-					tc.set(c, &nl)
-				} else {
-					tc.set(c, &np)
-				}
-				first = false
-			})
+			lanes, plain := parkPoolsEach(t, "pool_max_conns=2",
+				func(c *pgxpool.Config) { tc.set(c, &nl) }, func(c *pgxpool.Config) { tc.set(c, &np) })
 			assert.False(t, lanes.servers[0].parks.Load())
 			const n = 50
-			for range n {
-				_, err := lanes.Exec(ctx, "select 1")
-				require.NoError(t, err)
-				_, err = plain.Exec(ctx, "select 1")
-				require.NoError(t, err)
-			}
+			execBoth(t, lanes, plain, n)
 			// AfterRelease runs in a goroutine of pgxpool's after Release returns.
 			pgserver.Eventually(t, 5*time.Second, "the hooks ran", func() bool { return nl.Load() >= n && np.Load() >= n })
 			assert.Equal(t, np.Load(), nl.Load())
@@ -357,12 +365,7 @@ func TestParkingOffWithPgxpoolView(t *testing.T) {
 	pc.Release()
 	before, beforePlain := view.Stat().AcquireCount(), plain.Stat().AcquireCount()
 	const n = 50
-	for range n {
-		_, err := lanes.Exec(ctx, "select 1")
-		require.NoError(t, err)
-		_, err = plain.Exec(ctx, "select 1")
-		require.NoError(t, err)
-	}
+	execBoth(t, lanes, plain, n)
 	assert.Equal(t, plain.Stat().AcquireCount()-beforePlain, view.Stat().AcquireCount()-before)
 	assert.Equal(t, plain.Stat().AcquiredConns(), view.Stat().AcquiredConns())
 	assert.Equal(t, plain.Stat().IdleConns(), view.Stat().IdleConns())
@@ -575,15 +578,8 @@ func (c *countingAcquireTracer) TraceAcquireEnd(_ context.Context, _ *pgxpool.Po
 func TestParkingWithAcquireTracer(t *testing.T) {
 	ctx := context.Background()
 	tl, tp := &countingAcquireTracer{}, &countingAcquireTracer{}
-	first := true
-	lanes, plain := parkPools(t, "pool_max_conns=2", func(c *pgxpool.Config) {
-		if first {
-			c.ConnConfig.Tracer = tl
-		} else {
-			c.ConnConfig.Tracer = tp
-		}
-		first = false
-	})
+	lanes, plain := parkPoolsEach(t, "pool_max_conns=2",
+		func(c *pgxpool.Config) { c.ConnConfig.Tracer = tl }, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tp })
 	srv := lanes.servers[0]
 	require.True(t, srv.parks.Load(), "an AcquireTracer leaves parking on")
 	_, err := lanes.Exec(ctx, "select 1")
@@ -592,12 +588,7 @@ func TestParkingWithAcquireTracer(t *testing.T) {
 	require.NoError(t, err)
 	before := srv.pool.Stat().AcquireCount()
 	const n = 50
-	for range n {
-		_, err := lanes.Exec(ctx, "select 1")
-		require.NoError(t, err)
-		_, err = plain.Exec(ctx, "select 1")
-		require.NoError(t, err)
-	}
+	execBoth(t, lanes, plain, n)
 	assert.Less(t, srv.pool.Stat().AcquireCount()-before, int64(n/2), "most leases took the parked connection")
 	assert.Equal(t, tp.starts.Load(), tl.starts.Load())
 	assert.Equal(t, tp.ends.Load(), tl.ends.Load())
