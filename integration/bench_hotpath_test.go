@@ -279,6 +279,44 @@ func BenchmarkHotPathThroughput(b *testing.B) {
 	}
 }
 
+// BenchmarkHotPathThroughputPaired is BenchmarkHotPathThroughput with the two pools interleaved,
+// which the goal (pgxlanes' throughput within 0.97 of pgxpool's) needs: run one pool's runs after
+// the other's, the VM's drift over a minute moved a point by 20 %. Rounds of 2,048 QueryRow
+// calls of each pool, taking turns to go first; it reports each pool's median wall time per call
+// over its rounds, and the median over the rounds of pgxlanes' throughput over pgxpool's in the
+// same turn (lanes/pgxpool-tput: pgxpool's time per call over pgxlanes'), with its lowest and
+// highest. ns/op is wall time over b.N, rounded up to whole turns: read the other metrics.
+func BenchmarkHotPathThroughputPaired(b *testing.B) {
+	dsn := pgserver.NewDatabase(b)
+	ctx := context.Background()
+	selectOne := func(p benchPool) error {
+		var n int
+		return p.QueryRow(ctx, "select 1").Scan(&n)
+	}
+	for _, size := range []int32{8, 32} {
+		for _, clients := range []int{8, 64, 256} {
+			b.Run(fmt.Sprintf("Conns=%d/Clients=%d", size, clients), func(b *testing.B) {
+				pools := []benchPool{
+					openWarm(b, benchImpl{"pgxpool", sized(size, openPgxpoolDSN)}, dsn, selectOne),
+					openWarm(b, benchImpl{"pgxlanes", sized(size, openLanesDSN(pgxlanes.Short))}, dsn, selectOne),
+				}
+				start := time.Now()
+				wall := func() time.Duration { return time.Since(start) }
+				per := pairedRounds(b, pools, clients, 2048, selectOne, wall)
+				var tput []float64
+				for i := range per[0] {
+					tput = append(tput, per[0][i]/per[1][i])
+				}
+				b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
+				b.ReportMetric(medianF(per[1]), "lanes-ns/op")
+				b.ReportMetric(medianF(tput), "lanes/pgxpool-tput")
+				b.ReportMetric(slices.Min(tput), "lanes/pgxpool-tput-min")
+				b.ReportMetric(slices.Max(tput), "lanes/pgxpool-tput-max")
+			})
+		}
+	}
+}
+
 // BenchmarkHotPathWaiterHeap reports the heap each queued waiter costs (B/waiter): 10,000
 // callers wait on a one-connection pool whose connection is held.
 func BenchmarkHotPathWaiterHeap(b *testing.B) {
