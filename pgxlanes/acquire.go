@@ -153,6 +153,9 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 		acquired = monoNow()
 	}
 	l = p.newLease(pc, slot, &rt, kind, sql, fslot, acquired)
+	if l.w != nil && l.w.Epoch < epoch {
+		epoch = l.w.Epoch // dialed before a Reset that its acquire did not see: never parked
+	}
 	l.epoch = epoch
 	return l, nil
 }
@@ -169,8 +172,11 @@ func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn, epoch uint
 	l.epoch = epoch
 	if l.w != nil {
 		l.w.ParkedFor = 0 // pgxpool's AcquireAllIdle calls no ShouldPing to read it (pingctx.go)
+		l.epoch = min(epoch, l.w.Epoch)
 	}
-	p.reportAcquire(ctx, rt, l.acquired, false, l, nil)
+	// Counted as the lane's acquire, but not traced: pgxpool's AcquireAllIdle calls no tracer,
+	// and a TraceAcquireEnd without its start would end the caller's own span (otelpgx).
+	p.countAcquire(rt, l.acquired, false, l, nil)
 	return l, true
 }
 
@@ -232,10 +238,21 @@ func (p *Pool) dialError(ctx context.Context, rt route, start mono, err error) *
 
 // reportAcquire is the acquire's one report: the lane's counters, the observers and the tracer.
 func (p *Pool) reportAcquire(ctx context.Context, rt route, start mono, waited bool, l *lease, err error) {
+	p.countAcquire(rt, start, waited, l, err)
+	if p.tracer != nil {
+		var conn *pgx.Conn
+		if l != nil {
+			conn = l.conn
+		}
+		p.tracer.TraceAcquireEnd(ctx, p.tracedPool(rt), pgxpool.TraceAcquireEndData{Conn: conn, Err: err})
+	}
+}
+
+// countAcquire is reportAcquire's part for the lane's counts and the observers.
+func (p *Pool) countAcquire(rt route, start mono, waited bool, l *lease, err error) {
 	var wait time.Duration
-	var conn *pgx.Conn
 	if l != nil {
-		wait, conn = time.Duration(l.acquired-start), l.conn
+		wait = time.Duration(l.acquired - start)
 	} else {
 		wait = start.since()
 	}
@@ -244,9 +261,6 @@ func (p *Pool) reportAcquire(ctx context.Context, rt route, start mono, waited b
 	}
 	if p.obs.any() {
 		p.obs.acquire(AcquireEvent{Lane: rt.lane, Tag: rt.tag, Priority: rt.prio, Wait: wait, Err: err})
-	}
-	if p.tracer != nil {
-		p.tracer.TraceAcquireEnd(ctx, p.tracedPool(rt), pgxpool.TraceAcquireEndData{Conn: conn, Err: err})
 	}
 }
 

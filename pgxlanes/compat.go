@@ -37,6 +37,9 @@ type PgxpoolView struct{ p *Pool }
 
 // PgxpoolView returns the pool's view for pgxpool exporters. Taking one turns parking off (park.go):
 // pgxpool's own figures then count every lease's acquire and release, as the exporter expects.
+// Take it before the pool serves, as exporters are registered at startup: pgxpool's cumulative
+// counts (AcquireCount, AcquireDuration, EmptyAcquireCount) miss the leases served from parked
+// connections before the first view. Stat, of this package, counts every lease.
 func (p *Pool) PgxpoolView() PgxpoolView {
 	for _, srv := range p.servers {
 		if srv.parks.Swap(false) {

@@ -17,15 +17,15 @@ import (
 // pgxpool must not be able to tell. A parked connection goes back to pgxpool within two periods
 // of parkPeriod (a sweep releases what was parked before its last look), so that pgxpool's
 // idle-time and health checks see the connection as they would have, within that; one that has
-// outlived MaxConnLifetime, or was acquired before a Reset, is released instead of parked, and
-// pgxpool closes it; Stat counts parked connections as idle; Close, Reset and AcquireAllIdle
+// outlived MaxConnLifetime, or was acquired, or its dial begun, before a Reset, is released
+// instead of parked, and pgxpool closes it; Stat counts parked connections as idle; Close, Reset and AcquireAllIdle
 // release them all first. And a lease that must wait inside pgxpool (none is parked: it dials, or
 // waits for a release) is never left waiting behind a parked connection: while one waits, ending
 // leases release to pgxpool (inflight).
 //
 // What pgxpool would call at each release and acquire cannot be skipped: parking is off where any
 // of it is set (parkingAllowed): AfterRelease, PrepareConn or BeforeAcquire, ShouldPing, a tracer
-// of releases (pgxlanes calls a tracer of acquires itself, for every lease); and with MinIdleConns (pgxpool would dial to make up for parked
+// of acquires or releases; and with MinIdleConns (pgxpool would dial to make up for parked
 // connections it counts as acquired), or a MaxConnIdleTime or HealthCheckPeriod short enough for
 // the delay to show.
 type parking struct {
@@ -63,10 +63,14 @@ func parkingAllowed(pc *pgxpool.Config) bool {
 	if pc.MaxConnIdleTime > 0 && pc.MaxConnIdleTime < 20*parkPeriod || pc.HealthCheckPeriod > 0 && pc.HealthCheckPeriod < 20*parkPeriod {
 		return false
 	}
-	// An AcquireTracer is no reason: pgxlanes calls it itself around each lease's acquire, parked
-	// or not, and hides it from pgxpool (tracer.go). A ReleaseTracer pgxpool calls at its Release.
-	_, traced := pc.ConnConfig.Tracer.(pgxpool.ReleaseTracer)
-	return !traced
+	// A tracer of acquires too, though pgxlanes calls it itself around each lease's acquire: it
+	// is handed the pgxpool, whose Stat would count parked connections as acquired and miss the
+	// leases served from the stack (otelpgx's reads none, others do).
+	switch pc.ConnConfig.Tracer.(type) {
+	case pgxpool.AcquireTracer, pgxpool.ReleaseTracer:
+		return false
+	}
+	return true
 }
 
 // take returns a parked connection and the epoch it was acquired in, or nil: the caller then

@@ -214,7 +214,10 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 				return err
 			}
 		}
-		installWire(cc, opts)
+		// The count of Resets as the dial begins: a connection whose dial a Reset overtakes is
+		// never parked (park.go), though pgxpool may hand it out once.
+		epoch := srv.park.current()
+		installWire(cc, opts, func(w *wire.Conn) { w.Epoch = epoch })
 		return nil
 	}
 	if t, ok := cc.Tracer.(pgxpool.AcquireTracer); ok {

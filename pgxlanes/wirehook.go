@@ -69,7 +69,7 @@ func (c besideConn) NetConn() net.Conn { return c.Conn }
 // connection's context watcher. The user's AfterNetConnect, BuildFrontend and
 // BuildContextWatcherHandler are kept and run first; a handler the user set replaces the
 // wire.Conn's, and then deadlines behave as that handler decides.
-func installWire(cc *pgx.ConnConfig, opts wire.Options) {
+func installWire(cc *pgx.ConnConfig, opts wire.Options, made func(*wire.Conn)) {
 	userAfterNet := cc.AfterNetConnect
 	userFrontend := cc.BuildFrontend
 	userHandler := cc.BuildContextWatcherHandler
@@ -112,6 +112,9 @@ func installWire(cc *pgx.ConnConfig, opts wire.Options) {
 		}
 		if ok {
 			w.SetCancel(c.CancelRequest)
+			if made != nil {
+				made(w)
+			}
 		}
 		switch {
 		case userHandler != nil:

@@ -93,6 +93,9 @@ type Conn struct {
 	// Born is the user's record of when the connection was made (pgxlanes: a reading of its
 	// clock), set once before the Conn is shared; wire does not read it.
 	Born int64
+	// Epoch is the user's record of the period the connection was made in (pgxlanes: the count
+	// of Resets when its dial began), set once before the Conn is shared; wire does not read it.
+	Epoch uint32
 	// ParkedFor is the user's record of how long the connection was idle before it went back
 	// to its pool (pgxlanes: parked between leases), read and reset when the pool next hands it
 	// out; wire does not read it.
