@@ -258,17 +258,9 @@ func runRound(clients, n int, f func() error) error {
 // and 32: end-to-end throughput on loopback.
 func BenchmarkHotPathThroughput(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
-	ctx := context.Background()
-	selectOne := func(p benchPool) error {
-		var n int
-		return p.QueryRow(ctx, "select 1").Scan(&n)
-	}
 	for _, size := range []int32{8, 32} {
 		for _, clients := range []int{8, 64, 256} {
-			for _, impl := range []benchImpl{
-				{"pgxpool", sized(size, openPgxpoolDSN)},
-				{"pgxlanes", sized(size, openLanesDSN(pgxlanes.Short))},
-			} {
+			for _, impl := range sizedImpls(size) {
 				b.Run(fmt.Sprintf("Conns=%d/Clients=%d/Impl=%s", size, clients, impl.name), func(b *testing.B) {
 					p := impl.open(b, dsn)
 					b.Cleanup(p.Close)
@@ -276,6 +268,15 @@ func BenchmarkHotPathThroughput(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// sizedImpls are the throughput benchmarks' contenders: pgxpool, and pgxlanes on Short, of n
+// connections each.
+func sizedImpls(n int32) []benchImpl {
+	return []benchImpl{
+		{"pgxpool", sized(n, openPgxpoolDSN)},
+		{"pgxlanes", sized(n, openLanesDSN(pgxlanes.Short))},
 	}
 }
 
@@ -288,17 +289,12 @@ func BenchmarkHotPathThroughput(b *testing.B) {
 // highest. ns/op is wall time over b.N, rounded up to whole turns: read the other metrics.
 func BenchmarkHotPathThroughputPaired(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
-	ctx := context.Background()
-	selectOne := func(p benchPool) error {
-		var n int
-		return p.QueryRow(ctx, "select 1").Scan(&n)
-	}
 	for _, size := range []int32{8, 32} {
 		for _, clients := range []int{8, 64, 256} {
 			b.Run(fmt.Sprintf("Conns=%d/Clients=%d", size, clients), func(b *testing.B) {
-				pools := []benchPool{
-					openWarm(b, benchImpl{"pgxpool", sized(size, openPgxpoolDSN)}, dsn, selectOne),
-					openWarm(b, benchImpl{"pgxlanes", sized(size, openLanesDSN(pgxlanes.Short))}, dsn, selectOne),
+				var pools []benchPool
+				for _, impl := range sizedImpls(size) {
+					pools = append(pools, openWarm(b, impl, dsn, selectOne))
 				}
 				start := time.Now()
 				wall := func() time.Duration { return time.Since(start) }

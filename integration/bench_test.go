@@ -178,15 +178,16 @@ func runClients(b *testing.B, clients int, f func() error) {
 	}
 }
 
+// selectOne is SELECT 1 through QueryRow().Scan, the call of the Select1 and throughput benchmarks.
+func selectOne(p benchPool) error {
+	var n int
+	return p.QueryRow(context.Background(), "select 1").Scan(&n)
+}
+
 // BenchmarkSelect1 is a round trip of SELECT 1 through QueryRow().Scan: the whole cost of a
 // short query, acquire and release included, with 1, 8 and 64 clients on 8 connections.
 func BenchmarkSelect1(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
-	ctx := context.Background()
-	selectOne := func(p benchPool) error {
-		var n int
-		return p.QueryRow(ctx, "select 1").Scan(&n)
-	}
 	for _, clients := range []int{1, 8, 64} {
 		for _, impl := range benchImpls {
 			b.Run(fmt.Sprintf("Clients=%d/Impl=%s", clients, impl.name), func(b *testing.B) {
