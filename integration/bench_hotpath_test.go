@@ -203,35 +203,54 @@ func hotKinds(ctx context.Context) []hotKind {
 	}
 }
 
-// BenchmarkHotPathClientCPUPaired is BenchmarkHotPathClientCPU with the two pools interleaved,
-// so that the machine's drift hits both alike: rounds of 2,048 calls by 8 clients (6 for a
-// transaction) of each pool, the two taking turns to go first, each round's CPU time from
-// getrusage (whose granularity is the scheduler's tick: hence rounds of tens of milliseconds). It reports the
-// median CPU per call of each pool over its rounds, and the median of the rounds' ratios
-// (lanes/pgxpool-cpu), with its lowest and highest. ns/op is wall time over b.N, which the rounds
-// round up to whole pairs of rounds: read the CPU metrics, not ns/op.
+// BenchmarkHotPathClientCPUPaired is BenchmarkHotPathClientCPU with the pools interleaved, so
+// that the machine's drift hits them alike: rounds of 2,048 calls by 8 clients (6 for a
+// transaction) of each pool, taking turns to go first, each round's CPU time from getrusage
+// (whose granularity is the scheduler's tick: hence rounds of tens of milliseconds). The pools
+// are pgxpool, pgxlanes and a second, identical pgxpool, the control: what a ratio of 1.00 looks
+// like on this machine, and how far one strays. It reports the median CPU per call of each pool
+// over its rounds, and the median over the rounds of pgxlanes' CPU over pgxpool's in the same
+// turn (lanes/pgxpool-cpu) and of the control's (control/pgxpool-cpu), each with its lowest and
+// highest. The median of a run's rounds is only as steady as there are rounds: docs/figures.sh
+// runs this for 10 s (about 150 turns), not the default second (about 15). ns/op is wall time
+// over b.N, which the rounds round up to whole turns: read the CPU metrics, not ns/op.
 func BenchmarkHotPathClientCPUPaired(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
 	for _, kind := range hotKinds(context.Background()) {
 		b.Run("Kind="+kind.name, func(b *testing.B) {
 			clients := kind.clients(b, dsn)
 			var pools []benchPool
-			for _, impl := range hotImpls(pgxlanes.Short) {
+			for _, impl := range controlled(hotImpls(pgxlanes.Short)) {
 				pools = append(pools, openWarm(b, impl, dsn, kind.run))
 			}
-			const round = 2048
-			cpu := pairedRounds(b, pools, clients, round, kind.run, cpuTime)
-			var ratios []float64
-			for i := range cpu[0] {
-				ratios = append(ratios, cpu[1][i]/cpu[0][i])
-			}
+			cpu := pairedRounds(b, pools, clients, 2048, kind.run, cpuTime)
 			b.ReportMetric(medianF(cpu[0]), "pgxpool-cpu-ns/op")
 			b.ReportMetric(medianF(cpu[1]), "lanes-cpu-ns/op")
-			b.ReportMetric(medianF(ratios), "lanes/pgxpool-cpu")
-			b.ReportMetric(slices.Min(ratios), "lanes/pgxpool-cpu-min")
-			b.ReportMetric(slices.Max(ratios), "lanes/pgxpool-cpu-max")
+			reportRatios(b, "lanes/pgxpool-cpu", cpu[1], cpu[0])
+			reportRatios(b, "control/pgxpool-cpu", cpu[2], cpu[0])
 		})
 	}
+}
+
+// controlled returns impls (pgxpool first) with a second pgxpool after them: the control of a
+// paired benchmark.
+func controlled(impls []benchImpl) []benchImpl {
+	return append(slices.Clip(impls), benchImpl{"control", impls[0].open})
+}
+
+// reportRatios reports, as unit, the median over the rounds of num[i]/den[i], and as unit-min and
+// unit-max the lowest and highest.
+func reportRatios(b *testing.B, unit string, num, den []float64) {
+	var r []float64
+	for i := range min(len(num), len(den)) {
+		r = append(r, num[i]/den[i])
+	}
+	if len(r) == 0 {
+		b.Fatalf("%s: no rounds", unit)
+	}
+	b.ReportMetric(medianF(r), unit)
+	b.ReportMetric(slices.Min(r), unit+"-min")
+	b.ReportMetric(slices.Max(r), unit+"-max")
 }
 
 // runRound runs f n times in all from clients goroutines, and returns the first error.
@@ -280,34 +299,31 @@ func sizedImpls(n int32) []benchImpl {
 	}
 }
 
-// BenchmarkHotPathThroughputPaired is BenchmarkHotPathThroughput with the two pools interleaved,
+// BenchmarkHotPathThroughputPaired is BenchmarkHotPathThroughput with the pools interleaved,
 // which the goal (pgxlanes' throughput within 0.97 of pgxpool's) needs: run one pool's runs after
 // the other's, the VM's drift over a minute moved a point by 20 %. Rounds of 2,048 QueryRow
-// calls of each pool, taking turns to go first; it reports each pool's median wall time per call
-// over its rounds, and the median over the rounds of pgxlanes' throughput over pgxpool's in the
-// same turn (lanes/pgxpool-tput: pgxpool's time per call over pgxlanes'), with its lowest and
-// highest. ns/op is wall time over b.N, rounded up to whole turns: read the other metrics.
+// calls of each pool (pgxpool, pgxlanes and a second pgxpool, the control, as in
+// BenchmarkHotPathClientCPUPaired), taking turns to go first; it reports each pool's median wall
+// time per call over its rounds, and the median over the rounds of pgxlanes' throughput over
+// pgxpool's in the same turn (lanes/pgxpool-tput: pgxpool's time per call over pgxlanes') and
+// the control's (control/pgxpool-tput), each with its lowest and highest. ns/op is wall time over
+// b.N, rounded up to whole turns: read the other metrics.
 func BenchmarkHotPathThroughputPaired(b *testing.B) {
 	dsn := pgserver.NewDatabase(b)
 	for _, size := range []int32{8, 32} {
 		for _, clients := range []int{8, 64, 256} {
 			b.Run(fmt.Sprintf("Conns=%d/Clients=%d", size, clients), func(b *testing.B) {
 				var pools []benchPool
-				for _, impl := range sizedImpls(size) {
+				for _, impl := range controlled(sizedImpls(size)) {
 					pools = append(pools, openWarm(b, impl, dsn, selectOne))
 				}
 				start := time.Now()
 				wall := func() time.Duration { return time.Since(start) }
 				per := pairedRounds(b, pools, clients, 2048, selectOne, wall)
-				var tput []float64
-				for i := range per[0] {
-					tput = append(tput, per[0][i]/per[1][i])
-				}
 				b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
 				b.ReportMetric(medianF(per[1]), "lanes-ns/op")
-				b.ReportMetric(medianF(tput), "lanes/pgxpool-tput")
-				b.ReportMetric(slices.Min(tput), "lanes/pgxpool-tput-min")
-				b.ReportMetric(slices.Max(tput), "lanes/pgxpool-tput-max")
+				reportRatios(b, "lanes/pgxpool-tput", per[0], per[1])
+				reportRatios(b, "control/pgxpool-tput", per[0], per[2])
 			})
 		}
 	}
