@@ -4,9 +4,10 @@
 # benchmarks (BENCHCOUNT runs, default 6) through benchstat. Run it on a quiet machine; the output
 # says what the load was.
 #
-#   docs/figures.sh            # everything, about 35 minutes on 2 shared cores
+#   docs/figures.sh            # everything, about 50 minutes on 2 shared cores
 #   RUNS=7 docs/figures.sh tests
 #   docs/figures.sh bench
+#   docs/figures.sh pool       # the pool's benchmarks alone (part of bench)
 #   docs/figures.sh learner    # the learner's key benchmarks alone (part of bench)
 #   DEMO_PLOT=docs/starvation.png docs/figures.sh demo
 #   FIGURES_RAW=/tmp/raw docs/figures.sh all   # and keep the raw outputs
@@ -14,6 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
 BENCHCOUNT=${BENCHCOUNT:-6}
+# The paired benchmarks of client CPU and throughput report the median of their rounds, about 15
+# in the default second: each runs for PAIREDTIME, so that a run's median is steady (about 150).
+PAIREDTIME=${PAIREDTIME:-10s}
 what=${1:-all}
 # FIGURES_RAW=dir keeps every run's raw output there (the benchmarks' bench.txt, the demo's runs).
 if [ -n "${FIGURES_RAW:-}" ]; then
@@ -87,10 +91,11 @@ if [ "$what" = all ] || [ "$what" = demo ]; then
 	if [ -n "${DEMO_PLOT:-}" ]; then cp "$out/demo$RUNS.png" "$DEMO_PLOT"; fi
 fi
 
-if [ "$what" = all ] || [ "$what" = bench ]; then
+if [ "$what" = all ] || [ "$what" = bench ] || [ "$what" = pool ]; then
 	echo
-	echo "== benchmarks ($BENCHCOUNT runs each; ratios by benchstat -col /Impl)"
-	(cd integration && go test -run '^$' -bench 'Select1|AcquireRelease|BenchmarkTx$|HotPath' -benchmem -count "$BENCHCOUNT" . &&
+	echo "== benchmarks ($BENCHCOUNT runs each; ratios by benchstat -col /Impl; the paired ones for $PAIREDTIME each)"
+	(cd integration && go test -run '^$' -bench 'Select1|AcquireRelease|BenchmarkTx$|HotPath(AcquireRelease|ClientCPU$|Throughput$|WaiterHeap|ConnHeap)' -benchmem -count "$BENCHCOUNT" . &&
+		go test -run '^$' -bench 'HotPath(ClientCPU|Throughput)Paired' -benchmem -count "$BENCHCOUNT" -benchtime "$PAIREDTIME" . &&
 		go test -run '^$' -bench 'OverLink' -benchmem -count "$BENCHCOUNT" -benchtime 300x . &&
 		go test -run '^$' -bench 'Deadline' -count "$BENCHCOUNT" -benchtime 100x . &&
 		cd .. && go test -run '^$' -bench 'AcquireRelease|Contended' -benchmem -count "$BENCHCOUNT" ./reserve) >"$out/bench.txt" 2>&1 || true
