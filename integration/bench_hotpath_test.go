@@ -96,16 +96,19 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 
 // pairedRounds runs rounds of round calls of run on each of pools, by clients goroutines, the
 // pools one after the other in turns until b.N calls are made, and returns each pool's clock time
-// per call in each round (per[pool][round]). The pools take turns to go first: paired with itself
-// in a fixed order, pgxpool's second run measured 0.93-1.00 of its first (client CPU, 3 runs), and
-// 0.98-1.03 taking turns. The benchmark's timer stops when it returns.
+// per call in each round (per[pool][round]). The turns go through every order of the pools in
+// sequence, so that each pool comes first, last and right after each other pool equally often:
+// paired with itself in a fixed order, pgxpool's second run measured 0.93-1.00 of its first
+// (client CPU, 3 runs), and 0.98-1.03 taking turns; what one pool leaves behind after its round
+// (pgxlanes' parking sweep, up to 100 ms later) falls on every other alike. The benchmark's timer
+// stops when it returns.
 func pairedRounds(b *testing.B, pools []benchPool, clients, round int, run func(benchPool) error, clock func() time.Duration) [][]float64 {
 	per := make([][]float64, len(pools))
+	orders := permutations(len(pools))
 	b.ReportAllocs()
 	b.ResetTimer()
 	for done, r := 0, 0; done < b.N; done, r = done+len(pools)*round, r+1 {
-		for j := range pools {
-			k := (j + r) % len(pools)
+		for _, k := range orders[r%len(orders)] {
 			p := pools[k]
 			start := clock()
 			if err := runRound(clients, round, func() error { return run(p) }); err != nil {
@@ -116,6 +119,21 @@ func pairedRounds(b *testing.B, pools []benchPool, clients, round int, run func(
 	}
 	b.StopTimer()
 	return per
+}
+
+// permutations returns every order of 0..n-1 (n! of them: the benchmarks pair 2 or 3 pools).
+func permutations(n int) [][]int {
+	if n == 0 {
+		return [][]int{{}}
+	}
+	var all [][]int
+	for _, p := range permutations(n - 1) {
+		for i := 0; i <= len(p); i++ {
+			q := append(append(slices.Clone(p[:i]), n-1), p[i:]...)
+			all = append(all, q)
+		}
+	}
+	return all
 }
 
 // cpuTime is the process's user plus system CPU time so far.
