@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -75,7 +76,7 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 			const round = 16384
 			start := time.Now()
 			wall := func() time.Duration { return time.Since(start) }
-			per := pairedRounds(b, pools, clients, round, acq, wall)
+			per := pairedRounds(b, pools, implNames(impls), clients, round, acq, wall)
 			over := make([][]float64, len(pools))
 			for k := 1; k < len(pools); k++ {
 				for i := range per[0] {
@@ -102,16 +103,29 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 // (client CPU, 3 runs), and 0.98-1.03 taking turns; what one pool leaves behind after its round
 // (pgxlanes' parking sweep, up to 100 ms later) falls on every other alike. The benchmark's timer
 // stops when it returns.
-func pairedRounds(b *testing.B, pools []benchPool, clients, round int, run func(benchPool) error, clock func() time.Duration) [][]float64 {
+//
+// Each round runs with the profiler label pool=<name> (names[k], pool k's impl), so that a CPU
+// profile of the benchmark (-cpuprofile) tells the pools' CPU apart: go tool pprof
+// -tagfocus='pool=^pgxlanes$', or -tags for each pool's total. What runs on no pool's goroutine (the
+// scheduler, the collector's workers, timers) has no label.
+func pairedRounds(b *testing.B, pools []benchPool, names []string, clients, round int, run func(benchPool) error, clock func() time.Duration) [][]float64 {
 	per := make([][]float64, len(pools))
 	orders := permutations(len(pools))
+	labels := make([]pprof.LabelSet, len(pools))
+	for k, name := range names {
+		labels[k] = pprof.Labels("pool", name)
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for done, r := 0, 0; done < b.N; done, r = done+len(pools)*round, r+1 {
 		for _, k := range orders[r%len(orders)] {
 			p := pools[k]
+			var err error
 			start := clock()
-			if err := runRound(clients, round, func() error { return run(p) }); err != nil {
+			pprof.Do(context.Background(), labels[k], func(context.Context) {
+				err = runRound(clients, round, func() error { return run(p) })
+			})
+			if err != nil {
 				b.Fatal(err)
 			}
 			per[k] = append(per[k], float64(clock()-start)/float64(round))
@@ -119,6 +133,15 @@ func pairedRounds(b *testing.B, pools []benchPool, clients, round int, run func(
 	}
 	b.StopTimer()
 	return per
+}
+
+// implNames returns the names of impls.
+func implNames(impls []benchImpl) []string {
+	names := make([]string, len(impls))
+	for i, impl := range impls {
+		names[i] = impl.name
+	}
+	return names
 }
 
 // permutations returns every order of 0..n-1 (n! of them: the benchmarks pair 2 or 3 pools).
@@ -237,11 +260,12 @@ func BenchmarkHotPathClientCPUPaired(b *testing.B) {
 	for _, kind := range hotKinds(context.Background()) {
 		b.Run("Kind="+kind.name, func(b *testing.B) {
 			clients := kind.clients(b, dsn)
+			impls := controlled(hotImpls(pgxlanes.Short))
 			var pools []benchPool
-			for _, impl := range controlled(hotImpls(pgxlanes.Short)) {
+			for _, impl := range impls {
 				pools = append(pools, openWarm(b, impl, dsn, kind.run))
 			}
-			cpu := pairedRounds(b, pools, clients, 2048, kind.run, cpuTime)
+			cpu := pairedRounds(b, pools, implNames(impls), clients, 2048, kind.run, cpuTime)
 			b.ReportMetric(medianF(cpu[0]), "pgxpool-cpu-ns/op")
 			b.ReportMetric(medianF(cpu[1]), "lanes-cpu-ns/op")
 			reportRatios(b, "lanes/pgxpool-cpu", cpu[1], cpu[0])
@@ -328,13 +352,14 @@ func BenchmarkHotPathThroughputPaired(b *testing.B) {
 	for _, size := range []int32{8, 32} {
 		for _, clients := range []int{8, 64, 256} {
 			b.Run(fmt.Sprintf("Conns=%d/Clients=%d", size, clients), func(b *testing.B) {
+				impls := controlled(sizedImpls(size))
 				var pools []benchPool
-				for _, impl := range controlled(sizedImpls(size)) {
+				for _, impl := range impls {
 					pools = append(pools, openWarm(b, impl, dsn, selectOne))
 				}
 				start := time.Now()
 				wall := func() time.Duration { return time.Since(start) }
-				per := pairedRounds(b, pools, clients, 2048, selectOne, wall)
+				per := pairedRounds(b, pools, implNames(impls), clients, 2048, selectOne, wall)
 				b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
 				b.ReportMetric(medianF(per[1]), "lanes-ns/op")
 				reportRatios(b, "lanes/pgxpool-tput", per[0], per[1])
