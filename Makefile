@@ -14,7 +14,7 @@ BENCHCOUNT ?= 6
 STRESS     ?= 2m
 # Fuzzing budgets are counts of inputs, not durations: with a duration, Go before 1.27 can fail a
 # target that found nothing with "context deadline exceeded" as the time runs out (a race in its
-# fuzzing coordinator, golang/go#75804). 60,000 inputs are about 5-10 s per target on 2 cores.
+# fuzzing coordinator, golang/go#75804). 60,000 inputs take about 7-13 s per target on 2 cores.
 FUZZTIME   ?= 60000x
 STRESSFUZZ ?= 1000000x
 DEMOFLAGS  ?=
