@@ -69,22 +69,18 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 	for _, clients := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("Clients=%d", clients), func(b *testing.B) {
 			impls := hotImpls(pgxlanes.Short, pgxlanes.Tx)
-			var pools []benchPool
-			for _, impl := range impls {
-				pools = append(pools, openWarm(b, impl, dsn, acq))
-			}
 			const round = 16384
 			start := time.Now()
 			wall := func() time.Duration { return time.Since(start) }
-			per := pairedRounds(b, pools, implNames(impls), clients, round, acq, wall)
-			over := make([][]float64, len(pools))
-			for k := 1; k < len(pools); k++ {
+			per := pairedRounds(b, impls, dsn, clients, round, acq, wall)
+			over := make([][]float64, len(per))
+			for k := 1; k < len(per); k++ {
 				for i := range per[0] {
 					over[k] = append(over[k], per[k][i]-per[0][i])
 				}
 			}
 			b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
-			for k := 1; k < len(pools); k++ {
+			for k := 1; k < len(per); k++ {
 				name := strings.TrimPrefix(impls[k].name, "pgxlanes-")
 				b.ReportMetric(medianF(per[k]), name+"-ns/op")
 				b.ReportMetric(medianF(over[k]), name+"-over-ns/op")
@@ -95,7 +91,8 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 	}
 }
 
-// pairedRounds runs rounds of round calls of run on each of pools, by clients goroutines, the
+// pairedRounds opens a pool of each of impls on dsn (warmed with run, in impls' order, before the
+// timer starts) and runs rounds of round calls of run on each, by clients goroutines, the
 // pools one after the other in turns until b.N calls are made, and returns each pool's clock time
 // per call in each round (per[pool][round]). The turns go through every order of the pools in
 // sequence, so that each pool comes first, last and right after each other pool equally often:
@@ -104,17 +101,19 @@ func BenchmarkHotPathAcquireReleasePaired(b *testing.B) {
 // (pgxlanes' parking sweep, up to 100 ms later) falls on every other alike. The benchmark's timer
 // stops when it returns.
 //
-// Each round runs with the profiler label pool=<name> (names[k], pool k's impl), so that a CPU
-// profile of the benchmark (-cpuprofile) tells the pools' CPU apart: go tool pprof
-// -tagfocus='pool=^pgxlanes$', or -tags for each pool's total. What runs on no pool's goroutine (the
-// scheduler, the collector's workers, timers) has no label.
-func pairedRounds(b *testing.B, pools []benchPool, names []string, clients, round int, run func(benchPool) error, clock func() time.Duration) [][]float64 {
+// Each round runs with the profiler label pool=<impl name>, so that a CPU profile of the
+// benchmark (-cpuprofile) tells the pools' CPU apart: go tool pprof -tagfocus='pool=^pgxlanes$',
+// or -tags for each pool's total. What runs on no pool's goroutine (the scheduler, the
+// collector's workers, timers) has no label.
+func pairedRounds(b *testing.B, impls []benchImpl, dsn string, clients, round int, run func(benchPool) error, clock func() time.Duration) [][]float64 {
+	pools := make([]benchPool, len(impls))
+	labels := make([]pprof.LabelSet, len(impls))
+	for k, impl := range impls {
+		pools[k] = openWarm(b, impl, dsn, run)
+		labels[k] = pprof.Labels("pool", impl.name)
+	}
 	per := make([][]float64, len(pools))
 	orders := permutations(len(pools))
-	labels := make([]pprof.LabelSet, len(pools))
-	for k, name := range names {
-		labels[k] = pprof.Labels("pool", name)
-	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for done, r := 0, 0; done < b.N; done, r = done+len(pools)*round, r+1 {
@@ -133,15 +132,6 @@ func pairedRounds(b *testing.B, pools []benchPool, names []string, clients, roun
 	}
 	b.StopTimer()
 	return per
-}
-
-// implNames returns the names of impls.
-func implNames(impls []benchImpl) []string {
-	names := make([]string, len(impls))
-	for i, impl := range impls {
-		names[i] = impl.name
-	}
-	return names
 }
 
 // permutations returns every order of 0..n-1 (n! of them: the benchmarks pair 2 or 3 pools).
@@ -260,12 +250,7 @@ func BenchmarkHotPathClientCPUPaired(b *testing.B) {
 	for _, kind := range hotKinds(context.Background()) {
 		b.Run("Kind="+kind.name, func(b *testing.B) {
 			clients := kind.clients(b, dsn)
-			impls := controlled(hotImpls(pgxlanes.Short))
-			var pools []benchPool
-			for _, impl := range impls {
-				pools = append(pools, openWarm(b, impl, dsn, kind.run))
-			}
-			cpu := pairedRounds(b, pools, implNames(impls), clients, 2048, kind.run, cpuTime)
+			cpu := pairedRounds(b, controlled(hotImpls(pgxlanes.Short)), dsn, clients, 2048, kind.run, cpuTime)
 			b.ReportMetric(medianF(cpu[0]), "pgxpool-cpu-ns/op")
 			b.ReportMetric(medianF(cpu[1]), "lanes-cpu-ns/op")
 			reportRatios(b, "lanes/pgxpool-cpu", cpu[1], cpu[0])
@@ -352,14 +337,9 @@ func BenchmarkHotPathThroughputPaired(b *testing.B) {
 	for _, size := range []int32{8, 32} {
 		for _, clients := range []int{8, 64, 256} {
 			b.Run(fmt.Sprintf("Conns=%d/Clients=%d", size, clients), func(b *testing.B) {
-				impls := controlled(sizedImpls(size))
-				var pools []benchPool
-				for _, impl := range impls {
-					pools = append(pools, openWarm(b, impl, dsn, selectOne))
-				}
 				start := time.Now()
 				wall := func() time.Duration { return time.Since(start) }
-				per := pairedRounds(b, pools, implNames(impls), clients, 2048, selectOne, wall)
+				per := pairedRounds(b, controlled(sizedImpls(size)), dsn, clients, 2048, selectOne, wall)
 				b.ReportMetric(medianF(per[0]), "pgxpool-ns/op")
 				b.ReportMetric(medianF(per[1]), "lanes-ns/op")
 				reportRatios(b, "lanes/pgxpool-tput", per[0], per[1])
