@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/puddle/v2"
 
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
+	"github.com/pgxlanes/pgxlanes/internal/wire"
 	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
@@ -123,7 +124,7 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 		if waited || fslot >= 0 || rt.probation {
 			at = monoNow() // the caller may have waited: a connection may have expired meanwhile
 		}
-		pc, epoch = srv.park.take(func(pc *pgxpool.Conn) bool { return srv.expired(pc, at) })
+		pc, epoch = srv.park.take(func(w *wire.Conn) bool { return srv.expired(w, at) })
 	}
 	if pc == nil {
 		var pctx context.Context

@@ -343,10 +343,10 @@ func (l *lease) park(now mono) bool {
 	if pg.IsClosed() || pg.IsBusy() || pg.TxStatus() != 'I' {
 		return false
 	}
-	if srv.expired(l.pc, now) {
+	if srv.expired(l.w, now) {
 		return false // pgxpool closes it, or keeps it within MaxConnLifetimeJitter
 	}
-	return srv.park.put(l.pc, l.epoch, now)
+	return srv.park.put(l.pc, l.w, l.epoch, now)
 }
 
 // Cleaned is the drain's callback (wire.Cleaner): releasing -> ended, once the connection is clean.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
 // Parking: a connection whose lease ends fit for reuse stays acquired from pgxpool for a moment,
@@ -41,9 +43,10 @@ type parking struct {
 
 type parked struct {
 	pc    *pgxpool.Conn
-	at    mono   // when it was parked
-	epoch uint32 // the parking epoch when the connection was acquired from pgxpool
-	gen   uint32 // the period it was parked in
+	w     *wire.Conn // pc's, kept from its lease: no walk from pc to it at a take or a release
+	at    mono       // when it was parked
+	epoch uint32     // the parking epoch when the connection was acquired from pgxpool
+	gen   uint32     // the period it was parked in
 }
 
 // parkPeriod is the sweep's period: a connection stays parked for one to two periods at most.
@@ -75,15 +78,15 @@ func parkingAllowed(pc *pgxpool.Config) bool {
 
 // take returns a parked connection and the epoch it was acquired in, or nil: the caller then
 // acquires from pgxpool, with epoch, and calls acquired when that is done. expired reports
-// whether a parked connection has outlived MaxConnLifetime: such a one goes back to pgxpool,
-// which closes it, as pgxpool's Acquire does.
-func (k *parking) take(expired func(*pgxpool.Conn) bool) (*pgxpool.Conn, uint32) {
+// whether a parked connection (given by its wire) has outlived MaxConnLifetime: such a one goes
+// back to pgxpool, which closes it, as pgxpool's Acquire does.
+func (k *parking) take(expired func(*wire.Conn) bool) (*pgxpool.Conn, uint32) {
 	k.mu.Lock()
 	for n := len(k.conns); n > 0; n = len(k.conns) {
 		c := k.conns[n-1]
 		k.conns[n-1] = parked{}
 		k.conns = k.conns[:n-1]
-		if expired(c.pc) {
+		if expired(c.w) {
 			releaseLocked(c)
 			continue
 		}
@@ -103,15 +106,15 @@ func (k *parking) acquired() {
 	k.mu.Unlock()
 }
 
-// put parks pc, acquired from pgxpool in epoch, and reports whether it did; if not, the caller
-// releases it to pgxpool.
-func (k *parking) put(pc *pgxpool.Conn, epoch uint32, now mono) bool {
+// put parks pc, whose wire is w, acquired from pgxpool in epoch, and reports whether it did; if
+// not, the caller releases it to pgxpool.
+func (k *parking) put(pc *pgxpool.Conn, w *wire.Conn, epoch uint32, now mono) bool {
 	k.mu.Lock()
 	if k.off || k.inflight > 0 || epoch != k.epoch {
 		k.mu.Unlock()
 		return false
 	}
-	k.conns = append(k.conns, parked{pc: pc, at: now, epoch: epoch, gen: k.gen})
+	k.conns = append(k.conns, parked{pc: pc, w: w, at: now, epoch: epoch, gen: k.gen})
 	if !k.armed {
 		k.armed = true
 		if k.timer == nil {
@@ -161,8 +164,8 @@ func (k *parking) sweep() {
 // which ShouldPing's default rule (ping one idle over a second) reads: the time it was parked is
 // recorded on it, and shouldPing adds it (pingctx.go).
 func releaseLocked(c parked) {
-	if w := wireOf(c.pc.Conn().PgConn()); w != nil {
-		w.ParkedFor = int64(monoNow() - c.at)
+	if c.w != nil {
+		c.w.ParkedFor = int64(monoNow() - c.at)
 	}
 	c.pc.Release()
 }
@@ -196,13 +199,10 @@ func (s *server) acquireCounted(ctx context.Context) (*pgxpool.Conn, error) {
 	return s.pool.Acquire(ctx)
 }
 
-// expired reports whether pc has outlived the server's MaxConnLifetime at now.
-func (s *server) expired(pc *pgxpool.Conn, now mono) bool {
-	if s.lifetime <= 0 {
-		return false
-	}
-	w := wireOf(pc.Conn().PgConn())
-	return w != nil && time.Duration(int64(now)-w.Born) >= s.lifetime
+// expired reports whether the connection whose wire is w has outlived the server's
+// MaxConnLifetime at now.
+func (s *server) expired(w *wire.Conn, now mono) bool {
+	return s.lifetime > 0 && w != nil && time.Duration(int64(now)-w.Born) >= s.lifetime
 }
 
 // current is the parking epoch: that of a connection acquired from pgxpool now.

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
 // The tests of parking (park.go), against a real PostgreSQL, most beside plain pgxpool: what a
@@ -361,7 +362,7 @@ func TestParkingOffWithPgxpoolView(t *testing.T) {
 	// A lease that read parks before the view was taken ends after it: it must not park.
 	pc, err := srv.pool.Acquire(ctx)
 	require.NoError(t, err)
-	assert.False(t, srv.park.put(pc, srv.park.current(), monoNow()), "parked after PgxpoolView")
+	assert.False(t, srv.park.put(pc, wireOf(pc.Conn().PgConn()), srv.park.current(), monoNow()), "parked after PgxpoolView")
 	pc.Release()
 	before, beforePlain := view.Stat().AcquireCount(), plain.Stat().AcquireCount()
 	const n = 50
@@ -397,13 +398,13 @@ func TestParkingNotWhileAcquiring(t *testing.T) {
 	srv := lanes.servers[0]
 	pc, err := srv.pool.Acquire(ctx)
 	require.NoError(t, err)
-	got, _ := srv.park.take(func(*pgxpool.Conn) bool { return false })
+	got, _ := srv.park.take(func(*wire.Conn) bool { return false })
 	require.Nil(t, got, "nothing parked: the caller goes to pgxpool")
-	assert.False(t, srv.park.put(pc, srv.park.current(), monoNow()), "not parked while an acquire is in pgxpool")
+	assert.False(t, srv.park.put(pc, wireOf(pc.Conn().PgConn()), srv.park.current(), monoNow()), "not parked while an acquire is in pgxpool")
 	srv.park.acquired()
-	assert.True(t, srv.park.put(pc, srv.park.current(), monoNow()))
-	assert.False(t, srv.park.put(pc, srv.park.current()-1, monoNow()), "not parked: acquired before a Reset")
-	got, _ = srv.park.take(func(*pgxpool.Conn) bool { return false })
+	assert.True(t, srv.park.put(pc, wireOf(pc.Conn().PgConn()), srv.park.current(), monoNow()))
+	assert.False(t, srv.park.put(pc, wireOf(pc.Conn().PgConn()), srv.park.current()-1, monoNow()), "not parked: acquired before a Reset")
+	got, _ = srv.park.take(func(*wire.Conn) bool { return false })
 	assert.Same(t, pc, got)
 	got.Release()
 }
