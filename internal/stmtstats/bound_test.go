@@ -16,14 +16,15 @@ import (
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
 )
 
-// A default Table's 4096 entries take 32 KiB of heap, and its key cache 104 KiB. Feeding it
-// statements must not add to that beyond noise (the runtime's and the test framework's own
-// allocations, seen up to 6 KiB) and the key cache's entries: a text built per call is cached
-// when the allocator reuses the address of one seen before, at most 4,096 entries of 32 B
-// holding texts of 32 B here.
+// A default Table's 4096 entries take 32 KiB of heap, its identity cache 104 KiB and its content
+// cache 52 KiB. Feeding it statements must not add to that beyond noise (the runtime's and the
+// test framework's own allocations, seen up to 6 KiB) and the caches' entries: a text built per
+// call is cached by identity when the allocator reuses the address of one seen before, at most
+// 4,096 entries of 32 B holding texts of 32 B here, and by content when the same text comes
+// twice, at most 2,048 entries of 16 B.
 const (
-	tableBound  = 160 << 10
-	growthBound = 16<<10 + 4096*64
+	tableBound  = 208 << 10
+	growthBound = 16<<10 + 4096*64 + 2048*16
 )
 
 // A million distinct statements, each fast once and slow once and one in 5000 demoted, leave the heap as

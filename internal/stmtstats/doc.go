@@ -95,16 +95,19 @@
 // without allocating. Folding costs several times a plain hash of the text, so Key first looks
 // the string up by identity in a cache of 4,096 entries in sets of four (keycache.go): a text
 // seen before at the same address, a constant or a string the caller keeps, costs a few atomic
-// loads, less than the plain hash; a text built per call is folded (BenchmarkKey measures the
-// three). Texts whose
-// cost depends on a literal (limit 10 and limit 100000) share an entry: the price of folding.
+// loads, less than the plain hash. A text built per call is looked up next by a plain hash of
+// its content in a cache of 2,048: one that is the same text every call (a query builder's
+// parameterised query) costs that hash and a lookup; one whose literals change on every call is
+// folded (BenchmarkKey measures the four). Texts whose cost depends on a literal (limit 10 and
+// limit 100000) share an entry: the price of folding.
 //
 // # Memory
 //
-// A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB) and
-// the key cache (104 KiB, and the texts it holds: at most 4,096 of at most 1 KiB; see keycache.go),
-// grouped in sets of eight, one cache line each. A statement lives only in the set its hash
-// selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
+// A Table is an array of Entries 8-byte words fixed by New (default 4096 entries, 32 KiB),
+// grouped in sets of eight, one cache line each, and two key caches (see keycache.go): by
+// identity, 104 KiB and the texts it holds (at most 4,096 of at most 1 KiB), and by content,
+// 52 KiB and at most 2,048 entries of 16 B, which hold no text. A statement lives only in the
+// set its hash selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
 // point, the time of its last change in 12 bits, the proven and demoted bits, a recently-used
 // bit and an in-use bit. Two folded texts whose hashes agree in the set index (9 bits by
 // default) and the tag share an entry: about one chance in 10¹¹ per lookup with the default
@@ -120,7 +123,7 @@
 // # Concurrency
 //
 // All methods are safe for concurrent use and allocate nothing, but Key when it caches a text
-// (once per text, at its second call with the same string). Classify is eight atomic loads
+// (once per text, at its second call with the same string or the same content). Classify is eight atomic loads
 // in one cache line; Overran and Done also, and one compare-and-swap only when the entry
 // changes. A hot statement in steady state (fast with f at its floor, or slow and demoted with
 // f = 1) changes no entry, so any number of goroutines classify and observe it without writing

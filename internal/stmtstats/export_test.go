@@ -17,6 +17,15 @@ func Cached(t *Table, sql string) bool {
 	return t.keys.sets[i].lookup(unsafe.StringData(sql), len(sql), tag) != nil
 }
 
+// ContentCached reports whether the Table's content cache holds the key of sql's text.
+func ContentCached(t *Table, sql string) bool {
+	h, i := contentHash(t.seed, sql)
+	return t.keys.content[i].lookup(h) != nil
+}
+
+// NoContentCache turns the content cache off, for benchmarks of the fold behind it.
+func NoContentCache(t *Table) { t.keys.noContent = true }
+
 // KeyBenchTexts and CopiesOf are the benchmarks' texts and their copies (foldref_fuzz_test.go).
 var (
 	KeyBenchTexts = keyBenchTexts

@@ -94,15 +94,20 @@ func FuzzFold(f *testing.F) {
 
 // BenchmarkKey: the key of a statement, folded, against a plain hash of the text (what the key
 // cost before folding). Texts of 40, 90 and 300 bytes, with and without literals. Hash=folded
-// keys the same string every call (a constant: the key cache's hit); Hash=folded-uncached and
-// Hash=plain take a copy at a new address every call (a text built per call: folded every time),
-// from the same copies, so that both read the text from the same place in memory. There are
-// perCallCopies of them: a copy comes back only after every set of the key cache has seen 32
-// other texts, so that the cache never takes it for a constant (with 4,096 copies, most came
-// back while the cache still remembered their address, and were cached).
+// keys the same string every call (a constant: the identity cache's hit). Hash=folded-rebuilt,
+// Hash=folded-uncached and Hash=plain take a copy at a new address every call (a text built per
+// call), from the same copies, so that all three read the text from the same place in memory:
+// folded-rebuilt is the Table's key of such a text, the same text each time (the content cache's
+// hit), folded-uncached the same with the content cache off, as for a text whose literals change
+// on every call (folded every time). There are perCallCopies of them: a copy comes back only
+// after every set of the identity cache has seen 32 other texts, so that the cache never takes it
+// for a constant (with 4,096 copies, most came back while the cache still remembered their
+// address, and were cached).
 func BenchmarkKey(b *testing.B) {
 	seed := maphash.MakeSeed()
 	tab := newTable(b, 0)
+	uncached := newTable(b, 0)
+	stmtstats.NoContentCache(uncached)
 	for _, t := range stmtstats.KeyBenchTexts {
 		name, s := t.Name, t.SQL
 		copies := stmtstats.CopiesOf(s, perCallCopies)
@@ -120,61 +125,90 @@ func BenchmarkKey(b *testing.B) {
 				keySink ^= uint64(tab.Key(s))
 			}
 		})
-		b.Run(name+"/Hash=folded-uncached", func(b *testing.B) {
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				keySink ^= uint64(tab.Key(copies[i%len(copies)]))
-				i++
-			}
-		})
+		for _, c := range []struct {
+			hash string
+			tab  *stmtstats.Table
+		}{{"folded-rebuilt", tab}, {"folded-uncached", uncached}} {
+			b.Run(name+"/Hash="+c.hash, func(b *testing.B) {
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					keySink ^= uint64(c.tab.Key(copies[i%len(copies)]))
+					i++
+				}
+			})
+		}
 	}
 }
 
-// BenchmarkLearnerPerCall: what the learner costs per call for a text built anew on every call
-// with a different literal (as ORMs that inline values build them), the whole step the pool
-// takes: the key, Arrive, and Done of a fast run. Each call builds its text into a new string,
-// as such a caller does (so the text is in the CPU's cache, at a new address, and both cases pay
-// the same build and allocation). Key=plain keys by a plain hash of the text, as the Table did
-// before folding: every text is a statement of its own, and each call puts a new entry in the
-// Table. Key=folded is the Table's Key: one entry for all of them, and the text folded every
-// call. Compare with: benchstat -col /Key.
+// BenchmarkLearnerPerCall: what the learner costs per call for a text built anew on every call,
+// the whole step the pool takes: the key, Arrive, and Done of a fast run. Each call builds its
+// text into a new string, as an ORM or a query builder does (so the text is in the CPU's cache,
+// at a new address, and both keys pay the same build and allocation). Text=per-call has a
+// different literal on every call (as ORMs that inline values build it), Text=rebuilt is the
+// same parameterised text every call. Key=plain keys by a plain hash of the text, as the Table
+// did before folding: each per-call text is a statement of its own, and each call puts a new
+// entry in the Table. Key=folded is the Table's Key: one entry for all of them, the per-call
+// text folded every call and the rebuilt one known by its content. Compare with:
+// benchstat -col /Key.
 func BenchmarkLearnerPerCall(b *testing.B) {
-	build := func(buf []byte, i int) []byte {
-		buf = append(buf[:0], "select id, name, email from users where tenant = "...)
-		buf = strconv.AppendInt(buf, int64(i), 10)
-		buf = append(buf, " and created_at > '2026-11-"...)
-		buf = strconv.AppendInt(buf, int64(10+i%19), 10)
-		buf = append(buf, "' and id in ("...)
-		for j := range 3 {
-			if j > 0 {
-				buf = append(buf, ',')
-			}
-			buf = strconv.AppendInt(buf, int64(i+j), 10)
-		}
-		return append(buf, ')')
-	}
-	for _, key := range []string{"plain", "folded"} {
-		b.Run("Text=per-call/Key="+key, func(b *testing.B) {
-			tab := newTable(b, 0)
-			seed := maphash.MakeSeed()
-			buf := make([]byte, 0, 128)
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				buf = build(buf, i)
-				s := string(buf) // the text of this call
-				i++
-				var k stmtstats.Key
-				if key == "plain" {
-					k = stmtstats.Key(maphash.String(seed, s))
-				} else {
-					k = tab.Key(s)
+	texts := []struct {
+		name  string
+		build func(buf []byte, i int) []byte
+	}{
+		{"per-call", func(buf []byte, i int) []byte {
+			buf = append(buf[:0], "select id, name, email from users where tenant = "...)
+			buf = strconv.AppendInt(buf, int64(i), 10)
+			buf = append(buf, " and created_at > '2026-11-"...)
+			buf = strconv.AppendInt(buf, int64(10+i%19), 10)
+			buf = append(buf, "' and id in ("...)
+			for j := range 3 {
+				if j > 0 {
+					buf = append(buf, ',')
 				}
-				tab.Arrive(k)
-				tab.Done(k, fastRun, false)
+				buf = strconv.AppendInt(buf, int64(i+j), 10)
 			}
-		})
+			return append(buf, ')')
+		}},
+		{"rebuilt", func(buf []byte, _ int) []byte {
+			buf = append(buf[:0], "select id, name, email from users where tenant = "...)
+			buf = append(buf, "$1"...)
+			buf = append(buf, " and created_at > "...)
+			buf = append(buf, "$2"...)
+			buf = append(buf, " and id in ("...)
+			for j := range 3 {
+				if j > 0 {
+					buf = append(buf, ',')
+				}
+				buf = append(buf, '$')
+				buf = strconv.AppendInt(buf, int64(3+j), 10)
+			}
+			return append(buf, ')')
+		}},
+	}
+	for _, text := range texts {
+		for _, key := range []string{"plain", "folded"} {
+			b.Run("Text="+text.name+"/Key="+key, func(b *testing.B) {
+				tab := newTable(b, 0)
+				seed := maphash.MakeSeed()
+				buf := make([]byte, 0, 128)
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					buf = text.build(buf, i)
+					s := string(buf) // the text of this call
+					i++
+					var k stmtstats.Key
+					if key == "plain" {
+						k = stmtstats.Key(maphash.String(seed, s))
+					} else {
+						k = tab.Key(s)
+					}
+					tab.Arrive(k)
+					tab.Done(k, fastRun, false)
+				}
+			})
+		}
 	}
 }
 

@@ -21,13 +21,15 @@ import (
 // all of them, and 4,096 entries leave room for services with thousands of statements.
 //
 // A text gets an entry only the second time its address is seen (each set remembers the
-// addresses of its last four misses), so texts built anew for every call, as ORMs that inline
-// values build them, are folded each time and never allocate. Texts longer than keyCacheMaxLen
-// are not cached, so the cache retains at most keyCacheSets × keyCacheWays × keyCacheMaxLen
-// bytes of text (4 MiB) beyond its own 104 KiB, and in practice almost none: constants live in
-// the binary, and a string a caller keeps to run again is alive anyway. What it may keep alive
-// is a text built per call whose address the allocator happened to reuse, until another text
-// takes its entry.
+// addresses of its last four misses), so texts built anew for every call are not cached by
+// identity: the content cache below knows those that are the same text every time, and those
+// whose literals change on every call, as ORMs that inline values build them, are folded each
+// time and never allocate. Texts longer than keyCacheMaxLen are not cached by identity (only by
+// content, which holds no text), so the cache retains at most keyCacheSets × keyCacheWays ×
+// keyCacheMaxLen bytes of text (4 MiB) beyond its own 104 KiB, and in practice almost none:
+// constants live in the binary, and a string a caller keeps to run again is alive anyway. What
+// it may keep alive is a text built per call whose address the allocator happened to reuse,
+// until another text takes its entry.
 const (
 	keyCacheBits   = 10
 	keyCacheSets   = 1 << keyCacheBits
@@ -53,7 +55,86 @@ type keySet struct {
 }
 
 type keyCache struct {
-	sets [keyCacheSets]keySet
+	sets      [keyCacheSets]keySet
+	content   [contentSets]contentSet
+	noContent bool // for benchmarks of the fold: the content cache is not used
+}
+
+// The content cache: a text built anew for every call, at a new address, is not found by
+// identity, and most such texts are the same text every time (an ORM or a query builder that
+// builds "select ... where id = $1" per call). The content cache keeps the keys of such texts by
+// a plain hash of their bytes, so that one costs a hash, as its key did before folding, rather
+// than a fold. A text whose literals change with every call misses it, and is folded.
+//
+// It is 4-way set-associative too, 512 sets (2,048 texts), the set chosen by the hash. An entry
+// holds the hash and the key, not the text: a text is taken for another only when their 64-bit
+// seeded hashes collide, far less often than two statements share a Table entry (44 bits). As in
+// the identity cache, a hash gets an entry only the second time it misses (each set remembers
+// its last four misses), so texts that differ on every call never allocate and never evict the
+// texts that repeat. At most 52 KiB for the sets and 32 KiB of entries.
+const (
+	contentBits = 9
+	contentSets = 1 << contentBits
+)
+
+type contentEntry struct {
+	hash uint64
+	key  Key
+}
+
+// contentSet is one set of the content cache: tags[w] is ents[w]'s hash, a hint as in keySet.
+type contentSet struct {
+	tags   [keyCacheWays]atomic.Uint64
+	ents   [keyCacheWays]atomic.Pointer[contentEntry]
+	seen   [keyCacheWays]atomic.Uint64
+	seenAt atomic.Uint32
+	putAt  atomic.Uint32
+}
+
+// contentHash is the content cache's hash of sql (never 0, the empty tag), and its set.
+func contentHash(seed maphash.Seed, sql string) (uint64, uint) {
+	h := maphash.String(seed, sql) | 1
+	return h, uint(h >> (64 - contentBits))
+}
+
+// lookup returns the entry of the text with hash h, or nil.
+func (s *contentSet) lookup(h uint64) *contentEntry {
+	for w := range keyCacheWays {
+		if s.tags[w].Load() != h {
+			continue
+		}
+		if e := s.ents[w].Load(); e != nil && e.hash == h {
+			return e
+		}
+	}
+	return nil
+}
+
+// byContent returns the key of sql from the content cache (hit), or folds it (and, if mayCache,
+// caches it at its second miss).
+func (c *keyCache) byContent(seed maphash.Seed, sql string, mayCache bool) (k Key, hit bool) {
+	if c.noContent {
+		return Key(foldHash(seed, sql)), false
+	}
+	h, i := contentHash(seed, sql)
+	s := &c.content[i]
+	if e := s.lookup(h); e != nil {
+		return e.key, true
+	}
+	k = Key(foldHash(seed, sql))
+	if !mayCache {
+		return k, false
+	}
+	for w := range keyCacheWays {
+		if s.seen[w].Load() == h && s.seen[w].CompareAndSwap(h, 0) {
+			way := s.putAt.Add(1) % keyCacheWays
+			s.ents[way].Store(&contentEntry{hash: h, key: k})
+			s.tags[way].Store(h)
+			return k, false
+		}
+	}
+	s.seen[s.seenAt.Add(1)%keyCacheWays].Store(h)
+	return k, false
 }
 
 // keySlot returns the set of the text at p with length n (Fibonacci hashing of the address),
@@ -78,8 +159,12 @@ func (s *keySet) lookup(p *byte, n int, tag uintptr) *keyEntry {
 
 // key returns the cached key of sql, or folds it with seed (and caches it at its second miss).
 func (c *keyCache) key(seed maphash.Seed, sql string) Key {
-	if len(sql) == 0 || len(sql) > keyCacheMaxLen {
+	if len(sql) == 0 {
 		return Key(foldHash(seed, sql))
+	}
+	if len(sql) > keyCacheMaxLen {
+		k, _ := c.byContent(seed, sql, true) // not retained: known by content alone
+		return k
 	}
 	p := unsafe.StringData(sql)
 	i, tag := keySlot(p, len(sql))
@@ -87,17 +172,23 @@ func (c *keyCache) key(seed maphash.Seed, sql string) Key {
 	if e := s.lookup(p, len(sql), tag); e != nil {
 		return e.key
 	}
-	k := Key(foldHash(seed, sql))
 	for w := range keyCacheWays {
 		if s.seen[w].Load() == tag && s.seen[w].CompareAndSwap(tag, 0) {
-			// Seen before: cache it. The entry goes in before its tag, so that a lookup that
-			// finds the tag finds the entry (or an older one, which its check refuses).
+			// Seen before: cache it (by identity only: a constant would take a place in the
+			// content cache it never uses). The entry goes in before its tag, so that a lookup
+			// that finds the tag finds the entry (or an older one, which its check refuses).
+			k, _ := c.byContent(seed, sql, false)
 			way := s.putAt.Add(1) % keyCacheWays
 			s.ents[way].Store(&keyEntry{sql: sql, key: k})
 			s.tags[way].Store(tag)
 			return k
 		}
 	}
-	s.seen[s.seenAt.Add(1)%keyCacheWays].Store(tag)
+	k, hit := c.byContent(seed, sql, true)
+	if !hit {
+		// Remembered for its second call, unless its content is known: a text built anew
+		// for every call then takes nothing here, and leaves this set as it was.
+		s.seen[s.seenAt.Add(1)%keyCacheWays].Store(tag)
+	}
 	return k
 }

@@ -35,6 +35,60 @@ func TestKeyCacheByIdentity(t *testing.T) {
 	assert.False(t, stmtstats.Cached(tab, long), "a text over 1 KiB is not retained")
 }
 
+// A text built anew for every call, the same text each time (as an ORM builds a parameterised
+// query), is known by its content from its second call: its key is still the folded one. A
+// constant is cached by identity alone, and a text over 1 KiB by content.
+func TestKeyCacheByContent(t *testing.T) {
+	tab := newTable(t, 0)
+	const s = "select id, name from users where tenant = $1 and id = 42"
+	want := tab.Key(strings.Clone(s))
+	assert.False(t, stmtstats.ContentCached(tab, s), "known by content at its first call")
+	assert.Equal(t, want, tab.Key(strings.Clone(s)))
+	require.True(t, stmtstats.ContentCached(tab, s), "not known by content at its second call")
+	copies := stmtstats.CopiesOf(s, 1001) // each keyed once: a text built per call
+	i := 0
+	assert.Zero(t, testing.AllocsPerRun(1000, func() {
+		if k := tab.Key(copies[i]); k != want {
+			t.Errorf("key %x, want %x", k, want)
+		}
+		i++
+	}), "a text known by content")
+	assert.Equal(t, want, tab.Key("select id, name from users where tenant = $1 and id = 7"),
+		"another literal: folded to the same key")
+	assert.False(t, stmtstats.ContentCached(tab, "select id, name from users where tenant = $1 and id = 7"))
+
+	const c = "select name from users where email = $1"
+	for range 3 {
+		tab.Key(c)
+	}
+	assert.True(t, stmtstats.Cached(tab, c))
+	assert.False(t, stmtstats.ContentCached(tab, c), "a constant takes a place by identity only")
+
+	long := "select " + strings.Repeat("c, ", 400) + "c from t where id = 1"
+	wantLong := tab.Key(strings.Clone(long))
+	assert.Equal(t, wantLong, tab.Key(strings.Clone(long)))
+	assert.True(t, stmtstats.ContentCached(tab, long), "a text over 1 KiB, by content")
+	assert.Equal(t, wantLong, tab.Key(strings.Clone(long)))
+	assert.Equal(t, wantLong, tab.Key(strings.Replace(long, "= 1", "= 2", 1)), "folded")
+}
+
+// Texts whose literals change on every call never take a place in the content cache: each is
+// folded, and the texts that repeat keep theirs.
+func TestKeyCacheContentKeepsRepeatedTexts(t *testing.T) {
+	tab := newTable(t, 0)
+	const s = "select id from users where tenant = $1"
+	tab.Key(strings.Clone(s))
+	tab.Key(strings.Clone(s))
+	require.True(t, stmtstats.ContentCached(tab, s))
+	for i := range 100000 {
+		tab.Key(fmt.Sprintf("select * from t where created_at > '2026-11-%d' and id = %d", i%28, i))
+	}
+	for i := range 100 {
+		assert.False(t, stmtstats.ContentCached(tab, fmt.Sprintf("select * from t where created_at > '2026-11-%d' and id = %d", i%28, i)))
+	}
+	assert.True(t, stmtstats.ContentCached(tab, s), "evicted by texts that never repeat")
+}
+
 // Texts built anew for every call are folded every time and never allocate; a constant is
 // cached and then costs nothing to key.
 func TestKeyCacheAllocations(t *testing.T) {
@@ -52,8 +106,8 @@ func TestKeyCacheAllocations(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(1000, func() { tab.Key(s) }), "a cached text")
 }
 
-// Many goroutines keying the same and different strings: every key is the folded key, whatever
-// the cache holds at the time (run with -race).
+// Many goroutines keying the same and different strings, and copies of them: every key is the
+// folded key, whatever the caches hold at the time (run with -race).
 func TestKeyCacheConcurrent(t *testing.T) {
 	tab := newTable(t, 0)
 	ref := newTable(t, 0) // keys of copies: never from a cache hit of the same string
@@ -69,7 +123,11 @@ func TestKeyCacheConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for j := range 20000 {
 				k := (g*7919 + j*31) % len(texts)
-				if got := tab.Key(texts[k]); got != want[k] {
+				s := texts[k]
+				if g%2 == 1 {
+					s = strings.Clone(s) // by content
+				}
+				if got := tab.Key(s); got != want[k] {
 					t.Errorf("text %d: key %x, want %x", k, got, want[k])
 					return
 				}

@@ -212,7 +212,9 @@ func (t *Table) Threshold() time.Duration {
 // literals, comments and redundant whitespace folded (see Fold). A text seen before at the same
 // address (a constant, or a string the caller keeps) is not folded again: the Table caches the
 // keys of up to 4,096 texts of up to 1 KiB by identity, and retains those texts (keycache.go).
-// It allocates only when it caches a text, at the second call with that string.
+// Nor is a text built anew for each call that is the same text each time: the Table caches the
+// keys of up to 2,048 such texts by a plain hash of their content, without the texts. It
+// allocates only when it caches a text, at the second call with that string or that content.
 func (t *Table) Key(sql string) Key {
 	if t == nil {
 		return 0
