@@ -23,6 +23,15 @@ func ContentCached(t *Table, sql string) bool {
 	return t.keys.content[i].lookup(h) != nil
 }
 
+// ForgetSeen empties the identity cache's record of misses in sql's set, as four misses of
+// other texts in that set would.
+func ForgetSeen(t *Table, sql string) {
+	i, _ := keySlot(unsafe.StringData(sql), len(sql))
+	for w := range keyCacheWays {
+		t.keys.sets[i].seen[w].Store(0)
+	}
+}
+
 // NoContentCache turns the content cache off, for benchmarks of the fold behind it.
 func NoContentCache(t *Table) { t.keys.noContent = true }
 

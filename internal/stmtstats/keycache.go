@@ -184,11 +184,10 @@ func (c *keyCache) key(seed maphash.Seed, sql string) Key {
 			return k
 		}
 	}
-	k, hit := c.byContent(seed, sql, true)
-	if !hit {
-		// Remembered for its second call, unless its content is known: a text built anew
-		// for every call then takes nothing here, and leaves this set as it was.
-		s.seen[s.seenAt.Add(1)%keyCacheWays].Store(tag)
-	}
+	// Remembered for its second call, even when its content is known: a constant whose
+	// content the other cache took (its first two calls fell too far apart for this set to
+	// remember the first) must still come here, where its key costs no hash.
+	s.seen[s.seenAt.Add(1)%keyCacheWays].Store(tag)
+	k, _ := c.byContent(seed, sql, true)
 	return k
 }

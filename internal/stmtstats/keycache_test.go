@@ -72,6 +72,23 @@ func TestKeyCacheByContent(t *testing.T) {
 	assert.Equal(t, wantLong, tab.Key(strings.Replace(long, "= 1", "= 2", 1)), "folded")
 }
 
+// A constant whose first calls fell too far apart for the identity cache to remember them, so
+// that the content cache took it, still comes to be cached by identity, where its key needs no
+// hash.
+func TestKeyCacheConstantReachesIdentity(t *testing.T) {
+	tab := newTable(t, 0)
+	const s = "select id from users where email = $1"
+	tab.Key(s)
+	stmtstats.ForgetSeen(tab, s)
+	tab.Key(s)
+	require.True(t, stmtstats.ContentCached(tab, s), "its second call caches its content")
+	require.False(t, stmtstats.Cached(tab, s))
+	stmtstats.ForgetSeen(tab, s)
+	tab.Key(s) // a content hit
+	tab.Key(s)
+	assert.True(t, stmtstats.Cached(tab, s), "a constant known by content never cached by identity")
+}
+
 // Texts whose literals change on every call never take a place in the content cache: each is
 // folded, and the texts that repeat keep theirs.
 func TestKeyCacheContentKeepsRepeatedTexts(t *testing.T) {
