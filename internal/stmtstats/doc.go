@@ -107,9 +107,9 @@
 // grouped in sets of eight, one cache line each, and two key caches (see keycache.go): by
 // identity, 104 KiB and the texts it holds (at most 4,096 of at most 1 KiB), and by content,
 // 52 KiB and at most 2,048 entries of 16 B, which hold no text. A statement lives only in the
-// set its hash selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of fixed
-// point, the time of its last change in 12 bits, the proven and demoted bits, a recently-used
-// bit and an in-use bit. Two folded texts whose hashes agree in the set index (9 bits by
+// set its hash selects. An entry holds 35 bits of the statement's hash (a tag), f in 13 bits of
+// fixed point, the time of its last change in 12 bits, the proven and demoted bits, a
+// recently-used bit and an in-use bit. Two folded texts whose hashes agree in the set index (9 bits by
 // default) and the tag share an entry: about one chance in 10¹¹ per lookup with the default
 // table. The hash is hash/maphash with a seed per Table, over the folded text.
 //
@@ -123,9 +123,9 @@
 // # Concurrency
 //
 // All methods are safe for concurrent use and allocate nothing, but Key when it caches a text
-// (once per text, at its second call with the same string or the same content). Classify is eight atomic loads
-// in one cache line; Overran and Done also, and one compare-and-swap only when the entry
-// changes. A hot statement in steady state (fast with f at its floor, or slow and demoted with
+// (once per text, at its second call with the same string or the same content). Classify is
+// eight atomic loads in one cache line; Overran and Done also, and one compare-and-swap only
+// when the entry changes. A hot statement in steady state (fast with f at its floor, or slow and demoted with
 // f = 1) changes no entry, so any number of goroutines classify and observe it without writing
 // its cache line, where a mutex, even one of many stripes, would write the same line on every
 // call because a hot statement always maps to the same stripe. Every run does add to two shared
