@@ -127,3 +127,38 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestCommitOfAbortedTransaction: a statement failed inside the transaction, so the server
+// answers its COMMIT with ROLLBACK. pgx reports that as pgx.ErrTxCommitRollback, and pgxpool
+// returns it as it is: the outcome is known, nothing committed. pgxlanes must return the same
+// error, not one of unknown outcome, through Begin and through a held connection's Begin.
+func TestCommitOfAbortedTransaction(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	lanes := newLanes(t, dsn, "")
+	held, err := lanes.Acquire(bg)
+	require.NoError(t, err)
+	defer held.Release()
+	for _, c := range []struct {
+		name string
+		db   interface {
+			Begin(context.Context) (pgx.Tx, error)
+		}
+	}{
+		{"pgxpool", newPgxpool(t, dsn, "")},
+		{"pgxlanes", lanes},
+		{"pgxlanes held", held},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tx, err := c.db.Begin(bg)
+			require.NoError(t, err)
+			_, err = tx.Exec(bg, "select 1/0")
+			require.Error(t, err)
+			err = tx.Commit(bg)
+			assert.Equal(t, pgx.ErrTxCommitRollback, err, "pgxpool returns pgx.ErrTxCommitRollback as it is")
+			assert.NotErrorIs(t, err, pgxlanes.ErrCommitOutcomeUnknown)
+		})
+	}
+	var n int
+	require.NoError(t, held.QueryRow(bg, "select 1").Scan(&n), "the held connection is usable after the rolled-back transaction")
+}

@@ -639,3 +639,81 @@ func TestRetryStopsAtDeadline(t *testing.T) {
 	_, err = holder.Exec(context.Background(), `rollback`)
 	require.NoError(t, err)
 }
+
+// TestRetryCommitTerminatedIsUnknown: the backend is terminated while COMMIT runs (in a deferred
+// trigger, so after the transaction's work and before its answer). Commit says the outcome is
+// unknown, though the error it wraps is a server's (FATAL 57P01); RetryTx must then report
+// ErrRetryCommitUnknown after one attempt, with the default codes and with 57P01 listed as
+// retryable (a common addition for fail-overs), and never run the transaction again.
+func TestRetryCommitTerminatedIsUnknown(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	admin, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer admin.Close(bg)
+	for _, q := range []string{
+		`create table events (id serial primary key, v int)`,
+		`create function slow_commit() returns trigger language plpgsql as $$ begin if new.v = 1 then perform pg_sleep(2); end if; return null; end $$`,
+		`create constraint trigger slow_commit after insert on events deferrable initially deferred for each row execute function slow_commit()`,
+	} {
+		_, err := admin.Exec(bg, q)
+		require.NoError(t, err)
+	}
+	p := newLanes(t, dsn, "")
+
+	// terminateDuringCommit ends backend pid once it runs the COMMIT's deferred trigger; wait
+	// waits for that to be done (admin is one connection).
+	var wg sync.WaitGroup
+	wait := wg.Wait
+	terminateDuringCommit := func(t *testing.T, pid uint32) {
+		wg.Go(func() {
+			assert.EventuallyWithT(t, func(c *assert.CollectT) {
+				var n int
+				assert.NoError(c, admin.QueryRow(bg, `select count(*) from pg_stat_activity where pid = $1 and wait_event = 'PgSleep'`, int32(pid)).Scan(&n))
+				assert.Equal(c, 1, n)
+			}, 10*time.Second, 10*time.Millisecond)
+			_, _ = admin.Exec(bg, "select pg_terminate_backend($1)", int32(pid))
+		})
+	}
+
+	t.Run("Commit", func(t *testing.T) {
+		tx, err := p.Begin(bg)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(bg) }()
+		_, err = tx.Exec(bg, "insert into events (v) values (1)")
+		require.NoError(t, err)
+		terminateDuringCommit(t, tx.Conn().PgConn().PID())
+		err = tx.Commit(bg)
+		wait()
+		t.Logf("Commit: %v", err)
+		require.ErrorIs(t, err, pgxlanes.ErrCommitOutcomeUnknown)
+	})
+	for _, tc := range []struct {
+		name  string
+		codes []string
+	}{
+		{"default codes", nil},
+		{"57P01 listed", append(pgxlanes.DefaultRetryCodes(), "57P01")},
+	} {
+		t.Run("RetryTx/"+tc.name, func(t *testing.T) {
+			attempts := 0
+			err := pgxlanes.RetryOptions{RetryCodes: tc.codes}.RetryTx(bg, p, pgx.TxOptions{}, func(tx pgx.Tx) error {
+				attempts++
+				if _, err := tx.Exec(bg, "insert into events (v) values ($1)", attempts); err != nil {
+					return err
+				}
+				if attempts == 1 {
+					terminateDuringCommit(t, tx.Conn().PgConn().PID())
+				}
+				return nil
+			})
+			wait()
+			t.Logf("RetryTx: %v after %d attempt(s)", err, attempts)
+			assert.Equal(t, 1, attempts, "a transaction whose COMMIT's outcome is unknown ran again")
+			var re *pgxlanes.RetryError
+			require.ErrorAs(t, err, &re)
+			assert.ErrorIs(t, err, pgxlanes.ErrRetryCommitUnknown)
+			assert.Equal(t, pgxlanes.RetryReasonUnknown, re.Reason)
+		})
+	}
+}

@@ -147,9 +147,10 @@ type RetryOptions struct {
 //   - a cap was reached (MaxAttempts, MaxElapsed, or ctx's deadline, which no pause crosses): a
 //     *RetryError that matches ErrRetryGaveUp and the last attempt's error;
 //   - COMMIT failed with an outcome that cannot be known: a *RetryError that matches
-//     ErrRetryCommitUnknown. That is a Commit error that carries no answer of the server's (no
-//     *pgconn.PgError): the connection was lost, or ctx ended, while COMMIT was in flight. The
-//     transaction may have committed. pgconn.SafeToRetry does not make a Commit error
+//     ErrRetryCommitUnknown. That is a Commit error that wraps ErrCommitOutcomeUnknown (even
+//     over a server's FATAL error: the session was terminated while COMMIT ran), or that
+//     carries no answer of the server's (no *pgconn.PgError): the connection was lost, or ctx
+//     ended, while COMMIT was in flight. The transaction may have committed. pgconn.SafeToRetry does not make a Commit error
 //     retryable: pgx marks "conn closed" safe to retry even when COMMIT was sent and committed.
 //
 // fn may run more than once, so it must have no effect outside its transaction, or only effects
@@ -336,6 +337,10 @@ func commitUnknown(err error) bool {
 	var pe *pgconn.PgError
 	var be *BudgetError
 	switch {
+	case errors.Is(err, ErrCommitOutcomeUnknown):
+		// Commit said so itself: it may wrap a server's error (a FATAL one, the session
+		// terminated while COMMIT ran), which the cases below would take for an answer.
+		return true
 	case errors.Is(err, pgx.ErrTxCommitRollback), errors.Is(err, pgx.ErrTxClosed), errors.Is(err, ErrReleased):
 		return false // the transaction had failed, or was ended by fn itself: not this COMMIT's doing
 	case errors.As(err, &be) && be.Err == nil:

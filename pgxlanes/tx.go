@@ -120,7 +120,9 @@ func (tx *leaseTx) commitError(err error, terminated bool) error {
 		}
 		return tx.l.fail(err) // the server answered: it did not commit
 	}
-	if errors.Is(err, pgx.ErrTxClosed) {
+	if errors.Is(err, pgx.ErrTxClosed) || errors.Is(err, pgx.ErrTxCommitRollback) {
+		// Not sent, or answered ROLLBACK (a statement had aborted the transaction): nothing
+		// committed, and the error is pgx's own, as pgxpool returns it.
 		return err
 	}
 	if pgErr != nil || terminated || tx.l.conn.IsClosed() || !pgconn.SafeToRetry(err) {
