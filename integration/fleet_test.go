@@ -274,3 +274,38 @@ func TestFleetCapThroughServerRestart(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestFleetWaiterWokenByClose: a Long caller that holds its lane slot and waits for a fleet slot
+// (another replica holds the fleet's one) is woken by Close with ErrClosed at once, as pgxpool's
+// Close wakes its waiters, rather than polling on until Long's acquire timeout.
+func TestFleetWaiterWokenByClose(t *testing.T) {
+	ignore := goleak.IgnoreCurrent() // runs last: after the pools closed, their goroutines are gone
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=20s"
+	other := newLanes(t, dsn, params) // another replica: it holds the fleet's one slot
+	held, err := other.Acquire(pgxlanes.WithLane(bg, pgxlanes.Long))
+	require.NoError(t, err)
+	defer held.Release()
+
+	p, err := pgxlanes.New(bg, withParams(dsn, params))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return p.Stat().Lane(pgxlanes.Long).FleetWaiting == 1 }, 10*time.Second, 10*time.Millisecond)
+	p.Close()
+	closed := time.Now()
+	select {
+	case err := <-done:
+		t.Logf("the waiter returned %v after Close: %v", time.Since(closed).Round(time.Millisecond), err)
+		assert.ErrorIs(t, err, pgxlanes.ErrClosed)
+		assert.NotErrorIs(t, err, pgxlanes.ErrAcquireTimeout)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the fleet waiter was not woken by Close")
+	}
+	assert.Zero(t, p.Stat().Lane(pgxlanes.Long).InUse, "the waiter gave its lane slot back")
+}

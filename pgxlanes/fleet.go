@@ -111,6 +111,9 @@ var errNoFleetSlot = errors.New("pgxlanes: every fleet slot of the long lane is 
 // of leases admitted before both its sessions were lost.
 var errFleetOwed = errors.New("pgxlanes: the fleet is retaking the slots of running leases after losing its sessions")
 
+// errFleetClosed: the fleet closed with the pool; acquire returns ErrClosed for it.
+var errFleetClosed = errors.New("pgxlanes: fleet closed with the pool")
+
 // acquire takes a fleet slot, waiting until deadline (zero for none) or until ctx ends. The slot
 // number it returns is only a token: release gives back a slot, not necessarily that one.
 func (f *fleet) acquire(ctx context.Context, deadline time.Time) (int32, error) {
@@ -120,6 +123,9 @@ func (f *fleet) acquire(ctx context.Context, deadline time.Time) (int32, error) 
 		slot, err := f.try(ctx)
 		if err == nil && slot >= 0 {
 			return slot, nil
+		}
+		if errors.Is(err, errFleetClosed) {
+			return -1, ErrClosed
 		}
 		if err != nil && ctx.Err() == nil && !errors.Is(err, errFleetOwed) {
 			// The sessions are not available: keep trying until the deadline, as for a slot
@@ -137,6 +143,9 @@ func (f *fleet) acquire(ctx context.Context, deadline time.Time) (int32, error) 
 		case <-ctx.Done():
 			t.Stop()
 			return -1, ctx.Err()
+		case <-f.ctx.Done(): // the pool closed: its Close wakes every waiter
+			t.Stop()
+			return -1, ErrClosed
 		case <-t.C:
 		}
 	}
@@ -224,7 +233,7 @@ func (f *fleet) with(ctx context.Context, s *fleetSide, fn func(*pgx.Conn) error
 	closed := f.closed
 	f.mu.Unlock()
 	if closed {
-		return errors.New("pgxlanes: fleet closed with the pool")
+		return errFleetClosed
 	}
 	if s.conn == nil || s.conn.IsClosed() {
 		if s.conn != nil {
