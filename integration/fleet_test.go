@@ -309,3 +309,32 @@ func TestFleetWaiterWokenByClose(t *testing.T) {
 	}
 	assert.Zero(t, p.Stat().Lane(pgxlanes.Long).InUse, "the waiter gave its lane slot back")
 }
+
+// TestFleetCapOnAcquireAllIdle: AcquireAllIdle on Long takes a fleet slot for each connection it
+// hands out, as Acquire does: with a fleet cap of 1 and two idle connections, it hands out one,
+// and the fleet's books count it.
+func TestFleetCapOnAcquireAllIdle(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	p := newLanes(t, dsn, "pool_max_conns=6&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1")
+	// Two idle connections in the pool.
+	a, err := p.Acquire(bg)
+	require.NoError(t, err)
+	b, err := p.Acquire(bg)
+	require.NoError(t, err)
+	a.Release()
+	b.Release()
+
+	conns := p.AcquireAllIdle(pgxlanes.WithLane(bg, pgxlanes.Long))
+	st := p.Stat().Lane(pgxlanes.Long)
+	t.Logf("AcquireAllIdle on Long: %d connections; Long in use %d, fleet slots held %d", len(conns), st.InUse, st.FleetHeld)
+	assert.Len(t, conns, 1, "Long connections held at once against a fleet cap of 1")
+	assert.Equal(t, st.InUse, st.FleetHeld, "every Long lease holds a fleet slot")
+	for _, c := range conns {
+		c.Release()
+	}
+	require.Eventually(t, func() bool { return p.Stat().Lane(pgxlanes.Long).FleetHeld == 0 }, 10*time.Second, 10*time.Millisecond,
+		"the fleet slot is given back with the connection")
+	_, err = p.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.NoError(t, err, "the fleet slot is free again for a Long call")
+}

@@ -162,14 +162,23 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 }
 
 // adopt makes a lease for an idle connection of AcquireAllIdle, if lane rt may take a slot
-// without waiting.
+// without waiting, and on Long with a fleet cap, a fleet slot is free (one try: a round trip on
+// the fleet's session, no wait for a slot).
 func (p *Pool) adopt(ctx context.Context, rt route, pc *pgxpool.Conn, epoch uint32) (*lease, bool) {
 	lr := &p.lanes[rt.lane]
 	slot, ok := lr.srv.res.TryAcquireAs(lr.idx, rt.tag)
 	if !ok {
 		return nil, false
 	}
-	l := p.newLease(pc, slot, &rt, kindHeld, "", -1, monoNow())
+	fslot := int32(-1)
+	if p.fleet != nil && rt.lane == Long {
+		var err error
+		if fslot, err = p.fleet.try(ctx); err != nil || fslot < 0 {
+			lr.srv.res.Release(slot)
+			return nil, false
+		}
+	}
+	l := p.newLease(pc, slot, &rt, kindHeld, "", fslot, monoNow())
 	l.epoch = epoch
 	if l.w != nil {
 		l.w.ParkedFor = 0 // pgxpool's AcquireAllIdle calls no ShouldPing to read it (pingctx.go)

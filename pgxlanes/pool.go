@@ -426,7 +426,8 @@ func (p *Pool) AcquireFunc(ctx context.Context, f func(*Conn) error) error {
 }
 
 // AcquireAllIdle acquires the idle connections that the lane ctx names (Tx by default) may take
-// without waiting; each gets a lane slot. The others are put back. Like pgxpool's, it is meant for
+// without waiting; each gets a lane slot, and on Long with a fleet cap (FleetMaxConns) a fleet
+// slot, tried once per connection. The others are put back. Like pgxpool's, it is meant for
 // health checks and keep-alives. A context that names an invalid lane gets none.
 func (p *Pool) AcquireAllIdle(ctx context.Context) []*Conn {
 	var rt route
