@@ -14,7 +14,15 @@ var (
 	ErrLaneFull = errors.New("reserve: lane wait queue full")
 	// ErrClosed: the pool was closed before a slot was granted.
 	ErrClosed = errors.New("reserve: pool closed")
+	// ErrNoLane: the lane index names no lane of the pool. It is not wrapped in an
+	// *AcquireError, which describes a lane.
+	ErrNoLane = errors.New("reserve: no such lane")
 )
+
+// noLane is the error of a call with lane index i, which names no lane of p.
+func (p *Pool) noLane(fn string, i int) error {
+	return fmt.Errorf("%w: %s: lane index i = %d, and the pool has %d lanes", ErrNoLane, fn, i, len(p.lanes))
+}
 
 // AcquireError is the error returned by a failed Acquire. It carries the lane's figures at the
 // moment of failure, so that the message alone says why: "reserve: short lane: acquire timed out

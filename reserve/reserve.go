@@ -251,13 +251,17 @@ func (p *Pool) Acquire(ctx context.Context, i int) (Slot, error) {
 // AcquireAs waits for a slot for lane i on behalf of c. It returns when a slot is granted, when the lane's
 // AcquireTimeout runs out (ErrAcquireTimeout), when ctx ends (the error wraps ctx.Err(), so
 // errors.Is(err, context.DeadlineExceeded) holds), at once when the lane's queue is full
-// (ErrLaneFull), or when the pool is closed (ErrClosed). Every error is an *AcquireError.
+// (ErrLaneFull), or when the pool is closed (ErrClosed). Every error is an *AcquireError, but
+// for an i that names no lane (ErrNoLane).
 // A caller whose ctx is already done never gets a slot. A cancelled or timed-out caller leaves the
 // queue at once; if it was granted a slot at the same instant, the slot is given back.
 // c's priority and tag decide its place among the lane's waiters (see order.go), and whether it
 // may take the lane's PriorityHeadroom (not with a negative priority); never whether the lane
 // may take a slot, so no priority takes a lane past its cap or into another lane's reserve.
 func (p *Pool) AcquireAs(ctx context.Context, i int, c Caller) (Slot, error) {
+	if uint(i) >= uint(len(p.lanes)) {
+		return Slot{}, p.noLane("AcquireAs", i)
+	}
 	done := ctx.Done()
 	p.mu.Lock()
 	select {
@@ -341,8 +345,11 @@ func (p *Pool) TryAcquire(i int) (Slot, bool) { return p.TryAcquireAs(i, "") }
 
 // TryAcquireAs takes a slot for lane i, for tag, at priority 0, if it can do so without waiting:
 // never ahead of a waiter, but of waiters of negative priority held off the lane's
-// PriorityHeadroom.
+// PriorityHeadroom. An i that names no lane gets none.
 func (p *Pool) TryAcquireAs(i int, tag string) (Slot, bool) {
+	if uint(i) >= uint(len(p.lanes)) {
+		return Slot{}, false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	l := &p.lanes[i]

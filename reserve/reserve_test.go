@@ -3,6 +3,7 @@ package reserve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -604,4 +605,24 @@ func TestStress(t *testing.T) {
 	requireInvariants(t, p)
 	t.Logf("%v: %d acquires; short: %d aged grants; tx: %d aged grants, %d tag-share refusals", d, acquires.Load(),
 		st.Lanes[short].AgedGrants, st.Lanes[tx].AgedGrants, st.Lanes[tx].TagShareRefusals)
+}
+
+// TestBadLaneIndex: an index that names no lane gets an error that names it (AcquireAs), no
+// slot (TryAcquireAs) or the zero LaneStat, never a panic; and the pool goes on working (a panic
+// under the pool's lock would leave every later call blocked).
+func TestBadLaneIndex(t *testing.T) {
+	p, err := New(Config{Size: 2, Lanes: []LaneConfig{{Name: "a", Bounded: true}}})
+	require.NoError(t, err)
+	for _, i := range []int{-1, 1, 1 << 40} {
+		_, err := p.AcquireAs(context.Background(), i, Caller{Priority: -1, Tag: "x"})
+		require.ErrorIs(t, err, ErrNoLane)
+		assert.Contains(t, err.Error(), fmt.Sprintf("lane index i = %d, and the pool has 1 lanes", i))
+		_, ok := p.TryAcquireAs(i, "x")
+		assert.False(t, ok)
+		assert.Equal(t, LaneStat{}, p.LaneStat(i))
+	}
+	s, ok := p.TryAcquire(0)
+	require.True(t, ok, "the pool still grants slots")
+	p.Release(s)
+	assert.Equal(t, 0, p.LaneStat(0).InUse)
 }

@@ -46,8 +46,12 @@ func (p *Pool) Stat() Stat {
 	return s
 }
 
-// LaneStat returns a snapshot of lane i without allocating.
+// LaneStat returns a snapshot of lane i without allocating; the zero LaneStat for an i that names
+// no lane.
 func (p *Pool) LaneStat(i int) LaneStat {
+	if uint(i) >= uint(len(p.lanes)) {
+		return LaneStat{}
+	}
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
