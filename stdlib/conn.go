@@ -40,6 +40,12 @@ type Conn struct {
 	// first call pins a session, on Tx unless a lane is named, and a transaction begun first
 	// runs inside it.
 	session bool
+	// unseen is set while database/sql may take the connection out without telling the driver:
+	// from a Connect on database/sql's opener goroutine until the first ResetSession (database/sql
+	// resets a connection at every checkout after its first return). pending is set while such a
+	// checkout is under way and no call has decided yet whether it is a sql.Conn's (decide).
+	unseen  bool
+	pending bool
 	held    *pgxlanes.Conn // the pinned connection, until the checkout ends
 	pins    uint64         // counts the pinned connections: a Stmt knows its session by it
 	// prepared counts the Stmts prepared on held by their SQL (the statement's name on the
@@ -58,6 +64,20 @@ func (c *Conn) checkOut(ctx context.Context, session bool) {
 	}
 	if session && !c.checkout.LaneSet {
 		c.checkout.Lane, c.checkout.LaneSet = pgxlanes.Tx, true
+	}
+}
+
+// decide settles a checkout that the driver was not told of (pending), at its first call: it is
+// a sql.Conn's if the call comes through database/sql's Conn (calledBySQLConn), and then pins a
+// session as one that DB.Conn took out does, on Tx or the lane the call's ctx names. db.Conn's
+// ctx never reached the driver, so its annotations do not apply.
+func (c *Conn) decide() {
+	c.pending = false
+	if calledBySQLConn() {
+		c.session = true
+		if !c.checkout.LaneSet {
+			c.checkout.Lane, c.checkout.LaneSet = pgxlanes.Tx, true
+		}
 	}
 }
 
@@ -89,6 +109,9 @@ func (c *Conn) route(ctx context.Context) (context.Context, querier, error) {
 		return ctx, c.tx, nil
 	case c.held != nil:
 		return ctx, c.held, nil
+	}
+	if c.pending {
+		c.decide()
 	}
 	ctx, pin := c.callCtx(ctx)
 	if !pin {
@@ -210,6 +233,9 @@ func (c *Conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 	if err != nil {
 		return nil, err
 	}
+	if c.pending && c.held == nil {
+		c.decide()
+	}
 	var tx pgx.Tx
 	lctx, _ := c.callCtx(ctx)
 	switch {
@@ -268,7 +294,8 @@ func (c *Conn) ResetSession(ctx context.Context) error {
 	if c.closed || c.tx != nil || c.held != nil {
 		return driver.ErrBadConn // cannot happen: IsValid ended the last checkout
 	}
-	c.checkOut(ctx, takenBySQLConn())
+	c.unseen, c.pending = false, false
+	c.checkOut(ctx, takenBy() == takerSQLConn)
 	return nil
 }
 
@@ -280,7 +307,7 @@ func (c *Conn) IsValid() bool {
 		return false // cannot happen: database/sql takes a connection back after its transaction; Close ends it
 	}
 	c.unpin()
-	c.checkout, c.session = c.defaults, false
+	c.checkout, c.session, c.pending = c.defaults, false, c.unseen
 	return !c.closed
 }
 

@@ -65,7 +65,11 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, c.err
 	}
 	conn := &Conn{pool: c.pool, defaults: c.defaults}
-	conn.checkOut(ctx, takenBySQLConn())
+	by := takenBy()
+	conn.checkOut(ctx, by == takerSQLConn)
+	// database/sql's opener goroutine: the connection goes to a caller that the driver does not
+	// see, now or from the idle list, and the first call decides (Conn.decide).
+	conn.unseen, conn.pending = by == takerUnseen, by == takerUnseen
 	return conn, nil
 }
 

@@ -58,10 +58,15 @@
 //
 // database/sql tells a driver nothing that separates a sql.Conn from a db call: the bridge sees
 // database/sql's DB.Conn on the stack when it takes the connection out (a walk of a few frames
-// per checkout, each return address's verdict cached: under 1% of a lookup's CPU). database/sql hands a connection that its background opener created (only when
-// SetMaxOpenConns is set and reached) to a waiting caller without calling the driver at all: a
-// sql.Conn that gets such a connection pins only if a lane is named (by its first call's ctx, or
-// OptionPinLane). Leave SetMaxOpenConns unset.
+// per checkout, each return address's verdict cached: under 1% of a lookup's CPU). When
+// SetMaxOpenConns is set and reached, database/sql's background opener creates connections and
+// hands them to a waiting caller, or to a later one from its idle list, without telling the
+// driver of that checkout: the bridge then decides at the checkout's first call, which reaches
+// the driver through a method of database/sql's Conn for a sql.Conn and through none for a db
+// call (a walk of up to 32 frames, once per such checkout; other calls pay nothing). Such a
+// sql.Conn is one session as any other, but db.Conn's ctx does not reach the driver: it pins on
+// Tx, or on the lane its first call's ctx names (or OptionPinLane's). Leave SetMaxOpenConns unset
+// all the same (see Routing).
 //
 // sql.Conn.Raw gives the *Conn, whose Conn method returns the pinned session's *pgx.Conn with the
 // same line as pgx's stdlib (driverConn.(*stdlib.Conn).Conn()): see Conn.Conn for what it may be

@@ -3,8 +3,11 @@ package stdlib_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
+	"github.com/pgxlanes/pgxlanes/pgxlanes"
 	"github.com/pgxlanes/pgxlanes/stdlib"
 )
 
@@ -223,4 +227,181 @@ func TestColumnsAfterRelease(t *testing.T) {
 	assert.Equal(t, []string{"a"}, cols)
 	assert.False(t, rows.Next())
 	require.NoError(t, rows.Close())
+}
+
+// slowConnector is the bridge's connector, whose Connect sleeps while slow is set: the connection
+// that database/sql's opener goroutine makes then arrives after its waiter has left.
+type slowConnector struct {
+	driver.Connector
+	slow atomic.Bool
+}
+
+func (s *slowConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	if s.slow.Load() {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return s.Connector.Connect(ctx)
+}
+
+// With SetMaxOpenConns reached, a caller waits; when a connection is then closed as bad,
+// database/sql's opener goroutine makes a new one and hands it to the waiter, or puts it on the
+// idle list if the waiter has left, and a later caller takes it from there. The driver is told of
+// neither checkout: Connect ran on the opener goroutine, and database/sql calls no ResetSession
+// on a connection that was never returned. A sql.Conn that gets such a connection is still one
+// server session, pinned on Tx from its first call, with other callers taking the pool's idle
+// sessions between its statements; a db call that gets one pins nothing (Short, for its own
+// duration). Before the fix such a sql.Conn ran each statement on a lease of its own.
+func TestSQLConnOnOpenerConnectionIsOneSession(t *testing.T) {
+	ctx := context.Background()
+	pool := newPool(t, "pool_max_conns=8")
+	connector := &slowConnector{Connector: stdlib.GetPoolConnector(pool)}
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(1)
+
+	// openerMade makes database/sql's opener make a connection for a caller that waits: it
+	// holds the one connection, starts wait (which must queue for a connection), marks the
+	// held connection bad and closes it.
+	openerMade := func(t *testing.T, wait func()) {
+		t.Helper()
+		a, err := db.Conn(ctx)
+		require.NoError(t, err)
+		waits := db.Stats().WaitCount
+		go wait()
+		pgserver.Eventually(t, 5*time.Second, "a caller waits for a connection", func() bool {
+			return db.Stats().WaitCount > waits
+		})
+		_ = a.Raw(func(any) error { return driver.ErrBadConn }) // database/sql closes the connection
+		_ = a.Close()
+	}
+	// idle leaves an opener-made connection on database/sql's idle list: its waiter leaves
+	// while the opener's Connect is still under way.
+	idle := func(t *testing.T) {
+		t.Helper()
+		connector.slow.Store(true)
+		defer connector.slow.Store(false)
+		wctx, cancel := context.WithCancel(ctx)
+		left := make(chan error, 1)
+		openerMade(t, func() {
+			c, err := db.Conn(wctx)
+			if c != nil {
+				_ = c.Close()
+			}
+			left <- err
+		})
+		cancel()
+		require.ErrorIs(t, <-left, context.Canceled)
+		pgserver.Eventually(t, 5*time.Second, "the opener's connection idle", func() bool {
+			return db.Stats().Idle == 1
+		})
+	}
+	oneSession := func(t *testing.T, conn *sql.Conn) {
+		t.Helper()
+		pid := func() int {
+			var n int
+			require.NoError(t, conn.QueryRowContext(ctx, "select pg_backend_pid()").Scan(&n))
+			return n
+		}
+		first := pid()
+		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool), "pinned on Tx between statements")
+		// Another caller takes the pool's idle sessions between the sql.Conn's statements.
+		var held []*pgxlanes.Conn
+		for range 3 {
+			c, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			held = append(held, c)
+		}
+		_, err := conn.ExecContext(ctx, "set application_name = 'one session'")
+		require.NoError(t, err)
+		for _, c := range held {
+			c.Release()
+		}
+		assert.Equal(t, first, pid(), "one server session for the whole sql.Conn")
+		assert.Equal(t, "one session", queryString(t, conn, ctx, "show application_name"))
+		_, err = conn.ExecContext(ctx, "reset application_name")
+		require.NoError(t, err)
+		require.NoError(t, conn.Close())
+		lanesIdle(t, pool)
+	}
+
+	t.Run("waiting db.Conn", func(t *testing.T) {
+		got := make(chan *sql.Conn, 1)
+		openerMade(t, func() {
+			c, err := db.Conn(ctx)
+			assert.NoError(t, err)
+			got <- c
+		})
+		conn := <-got
+		require.NotNil(t, conn)
+		oneSession(t, conn)
+	})
+
+	t.Run("idle, then db.Conn", func(t *testing.T) {
+		idle(t)
+		conn, err := db.Conn(ctx)
+		require.NoError(t, err)
+		oneSession(t, conn)
+	})
+
+	t.Run("idle, then a transaction first", func(t *testing.T) {
+		idle(t)
+		conn, err := db.Conn(ctx)
+		require.NoError(t, err)
+		defer conn.Close()
+		tx, err := conn.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		var inTx int
+		require.NoError(t, tx.QueryRowContext(ctx, "select pg_backend_pid()").Scan(&inTx))
+		require.NoError(t, tx.Commit())
+		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool), "the session stays pinned after Commit")
+		pid := func() int {
+			var n int
+			require.NoError(t, conn.QueryRowContext(ctx, "select pg_backend_pid()").Scan(&n))
+			return n
+		}
+		assert.Equal(t, inTx, pid(), "the transaction ran inside the sql.Conn's session")
+		require.NoError(t, conn.Close())
+		lanesIdle(t, pool)
+	})
+
+	t.Run("idle, then a driver call under Raw first", func(t *testing.T) {
+		idle(t)
+		conn, err := db.Conn(ctx)
+		require.NoError(t, err)
+		defer conn.Close()
+		require.NoError(t, conn.Raw(func(driverConn any) error {
+			_, err := driverConn.(driver.ExecerContext).ExecContext(ctx, "set application_name = 'raw'", nil)
+			return err
+		}))
+		assert.Equal(t, [3]int{0, 1, 0}, inUse(pool), "pinned on Tx")
+		assert.Equal(t, "raw", queryString(t, conn, ctx, "show application_name"))
+		_, err = conn.ExecContext(ctx, "reset application_name")
+		require.NoError(t, err)
+		require.NoError(t, conn.Close())
+		lanesIdle(t, pool)
+	})
+
+	t.Run("waiting db call", func(t *testing.T) {
+		got := make(chan *sql.Rows, 1)
+		openerMade(t, func() {
+			rows, err := db.QueryContext(ctx, "select g from generate_series(1, 2) g")
+			assert.NoError(t, err)
+			got <- rows
+		})
+		rows := <-got
+		require.NotNil(t, rows)
+		assert.Equal(t, [3]int{1, 0, 0}, inUse(pool), "on Short until the rows are closed, not pinned")
+		require.NoError(t, rows.Close())
+		assert.Equal(t, [3]int{}, inUse(pool))
+	})
+
+	t.Run("idle, then db call", func(t *testing.T) {
+		idle(t)
+		rows, err := db.QueryContext(ctx, "select g from generate_series(1, 2) g")
+		require.NoError(t, err)
+		assert.Equal(t, [3]int{1, 0, 0}, inUse(pool), "on Short until the rows are closed, not pinned")
+		require.NoError(t, rows.Close())
+		assert.Equal(t, [3]int{}, inUse(pool))
+	})
+	lanesIdle(t, pool)
 }

@@ -18,6 +18,9 @@ func (c *Conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 	if c.closed {
 		return nil, driver.ErrBadConn
 	}
+	if c.pending && c.held == nil {
+		c.decide()
+	}
 	if c.held == nil && !c.session {
 		return &Stmt{c: c, query: query}, nil
 	}
