@@ -434,3 +434,27 @@ func TestPriorityThroughStdlib(t *testing.T) {
 	n, _, _ = obs.stats(pgxlanes.PriorityNormal)
 	assert.Zero(t, n)
 }
+
+// TestPriorityLowTakesTheHeadroomOnceAged: with the default settings (Short: acquire timeout 1s,
+// PriorityAge 500ms, PriorityHeadroom 1), a PriorityLow call that finds Short down to its last
+// connection waits until it has aged, and then takes that connection, though nothing else
+// happens in the lane meanwhile: it does not time out beside a free connection.
+func TestPriorityLowTakesTheHeadroomOnceAged(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	p := newLanes(t, dsn, "pool_max_conns=4")
+	short := pgxlanes.WithLane(bg, pgxlanes.Short)
+	st := p.Stat().Lane(pgxlanes.Short)
+	require.GreaterOrEqual(t, st.MaxConns, 2)
+	for range st.MaxConns - 1 {
+		c, err := p.Acquire(short)
+		require.NoError(t, err)
+		defer c.Release()
+	}
+	start := time.Now()
+	_, err := p.Exec(pgxlanes.WithPriority(short, pgxlanes.PriorityLow), "select 1")
+	waited := time.Since(start)
+	t.Logf("Short cap %d, %d held; the low call returned after %v: %v", st.MaxConns, st.MaxConns-1, waited.Round(time.Millisecond), err)
+	require.NoError(t, err, "a low-priority call timed out with a Short connection free")
+	assert.GreaterOrEqual(t, waited, 400*time.Millisecond, "the low call took the headroom before it aged")
+}

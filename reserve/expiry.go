@@ -58,3 +58,34 @@ func (p *Pool) expire(i int, episode uint64) {
 		p.freeLocked(w)
 	}
 }
+
+// Ageing, one timer per lane too: a lane's waiters are held off its PriorityHeadroom while they
+// are all of negative priority and none has waited PriorityAge (heldOffLocked). The first of them
+// (waitHead, the oldest) may take the headroom once it has, and a release or an arrival would
+// grant it then; in a quiet lane nothing would, and it would wait beside a free slot until its
+// deadline. So when grantLocked finds a lane held off, it arms the lane's ager for the moment
+// its first waiter ages, and the ager runs grantLocked again then (which arms it anew if the lane
+// is still held off: its first waiter left meanwhile). Like expiry, it lives only while the lane
+// has waiters: unlinkLocked stops it with the last one.
+
+// ageLaterLocked arms lane i's ager for when its first waiter ages; now is the time
+// heldOffLocked read. Caller must hold p.mu; the lane is held off and its ager not set.
+func (p *Pool) ageLaterLocked(i int, now time.Time) {
+	l := &p.lanes[i]
+	l.agerEpoch++
+	epoch := l.agerEpoch
+	l.ager = time.AfterFunc(l.cfg.PriorityAge-now.Sub(l.waitHead.since), func() { p.aged(i, epoch) })
+}
+
+// aged runs when lane i's ager of the given epoch fires: it grants what may now be granted. An
+// ager that was stopped or replaced does nothing.
+func (p *Pool) aged(i int, epoch uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &p.lanes[i]
+	if l.ager == nil || l.agerEpoch != epoch {
+		return
+	}
+	l.ager = nil
+	p.grantLocked()
+}

@@ -312,12 +312,16 @@ func TestHeadroom(t *testing.T) {
 		synctest.Wait()
 		require.Empty(t, got, "a low waiter took the headroom before it aged")
 
-		time.Sleep(age)               // low2 and low3 age
-		queue(t, p, low, "low4", got) // an arrival: the next grant
+		// low2 and low3 age, and nothing else happens in the lane: its ager grants the headroom
+		// to low2 when it does (were it not woken, it would wait beside the free slot until its
+		// deadline, and this bubble would deadlock).
+		time.Sleep(age)
+		synctest.Wait()
 		g2 := <-got
 		require.Equal(t, "low2", g2.name, "the aged low waiter takes the headroom")
 		assert.True(t, g2.s.Aged())
 		require.Equal(t, 4, p.LaneStat(0).InUse)
+		queue(t, p, low, "low4", got)
 
 		for _, s := range []Slot{lows[0], lows[1], g.s, g2.s} {
 			p.Release(s)

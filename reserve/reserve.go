@@ -201,6 +201,10 @@ type lane struct {
 	// a timeout. episode counts the timers made, so that a stale one does nothing (expiry.go).
 	expiry  *time.Timer
 	episode uint64
+	// ager grants the headroom to the first waiter when it ages, should nothing else happen in
+	// the lane by then; set while the lane's waiters are held off its headroom (expiry.go).
+	ager      *time.Timer
+	agerEpoch uint64
 	// tags counts the slots each tag holds and slotTags names the tag of each slot held (by
 	// index in Pool.slots), kept only with a tag share; a tag holding none has no entry.
 	tags     map[string]int
@@ -493,7 +497,13 @@ func (p *Pool) grantLocked() {
 		var bestBelow bool
 		for i := range p.lanes {
 			l := &p.lanes[i]
-			if l.waitHead == nil || !p.mayTakeLocked(i) || p.heldOffLocked(i, &now) {
+			if l.waitHead == nil || !p.mayTakeLocked(i) {
+				continue
+			}
+			if p.heldOffLocked(i, &now) {
+				if l.ager == nil {
+					p.ageLaterLocked(i, now)
+				}
 				continue
 			}
 			below := l.held < l.cfg.Reserved
@@ -579,7 +589,13 @@ func (p *Pool) unlinkLocked(w *waiter) {
 	}
 	w.prev, w.next = nil, nil
 	l.waiting--
-	if l.waitHead == nil && l.expiry != nil {
-		p.disarmLocked(w.lane)
+	if l.waitHead == nil {
+		if l.expiry != nil {
+			p.disarmLocked(w.lane)
+		}
+		if l.ager != nil {
+			l.ager.Stop()
+			l.ager = nil
+		}
 	}
 }
