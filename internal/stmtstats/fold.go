@@ -386,7 +386,10 @@ func Fold(sql string, n int) string {
 }
 
 // unary reports whether the sign at s[i] starts a signed number: a digit follows, and what comes
-// before it (whitespace aside) is not an operand: an operator, a comma, a parenthesis, or nothing.
+// before it (whitespace aside) is not an operand (a name, a number, a parameter, a string, a
+// quoted name, ')' or ']') nor the end of a block comment: an operator, a comma, '(', or nothing.
+// Taking a sign for an operator is always safe (at worst two texts that could share a key do
+// not); taking an operator for a sign would give a[1]-1 and a[1]+1 one key.
 func unary(s string, i int) bool {
 	if i+1 >= len(s) || !isDigit(s[i+1]) && !(s[i+1] == '.' && i+2 < len(s) && isDigit(s[i+2])) {
 		return false
@@ -395,7 +398,15 @@ func unary(s string, i int) bool {
 	for j >= 0 && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r') {
 		j--
 	}
-	return j < 0 || !isWord(s[j]) && s[j] != ')' && s[j] != '\'' && s[j] != '"'
+	if j < 0 {
+		return true
+	}
+	if c := s[j]; isWord(c) || c == ')' || c == ']' || c == '\'' || c == '"' {
+		return false
+	}
+	// After a block comment, the byte before the comment decides; rather than look past the
+	// comment, the sign is taken as an operator (it stays, and the number after it is folded).
+	return !(s[j] == '/' && j > 0 && s[j-1] == '*')
 }
 
 func isDigit(c byte) bool { return c >= '0' && c <= '9' }

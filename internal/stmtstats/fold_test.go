@@ -37,6 +37,10 @@ func TestFold(t *testing.T) {
 		{"select a,  b ,\tc --x\n, d  ", "select a, b , c , d"},
 		{"select .5, t.1, a.b, x.5", "select ?, t.?, a.b, x.?"},
 		{"a 0B.00000", "a ??"}, {"A00000 .0B0000000", "A00000 ?B0000000"}, // a dot after a number starts one
+		// A sign after an operand is an operator: it stays, and the number after it folds alone.
+		{"select a[1]-1, a[$1]+2 from t", "select a[?]-?, a[$1]+? from t"},
+		// After a block comment the sign stays too (what the comment follows is not looked at).
+		{"select x /* c */ -1 from t", "select x -? from t"},
 	} {
 		assert.Equal(t, tt.want, stmtstats.Fold(tt.in, 1000), "%q", tt.in)
 	}
@@ -63,7 +67,11 @@ func TestKeyFoldsLiterals(t *testing.T) {
 		keys = append(keys, k)
 	}
 	differ := []string{"select * from t where id = $1", "select * from t where id = $2", "select * from t1 where id = $1",
-		"select * from t where ID = $1", `select * from "t1" where id = $1`}
+		"select * from t where ID = $1", `select * from "t1" where id = $1`,
+		// A sign after a subscript or after a block comment is taken for an operator, not a
+		// number's sign: subtraction and addition keep their own keys.
+		"select a[1]-1 from t", "select a[1]+1 from t", "update t set n = a[$1]-1", "update t set n = a[$1]+1",
+		"select x /* offset */ -1 from t", "select x /* offset */ +1 from t"}
 	for i, a := range differ {
 		for _, b := range differ[i+1:] {
 			assert.NotEqual(t, tab.Key(a), tab.Key(b), "%q and %q", a, b)

@@ -30,6 +30,7 @@ func foldSeeds() []string {
 		// Edges.
 		"select\ta\tfrom\tt", "select 'abc", "select $$abc", "select $t$abc $t", `select "abc`, "select -- x", "select /* x",
 		"select $1, $22 from t", "select t1, a2b, x_3 from t2", "select -1, +2, a - 3, a-4, (-5), x*-6, 'a'-7, \"q\"+8, f(1)-9",
+		"select a[1]-1, a[$1] +2, x /* c */ -3, x /**/+4, a*/-5, /* c */ -6, ( /* c */ +7) from t",
 		"select .5, 1e-3, 1E+4, 1e, 1.e5, 0x1F, 0o17, 0b101, 1_000.000_1, 1..2", "select (1), (1,2), (1, 'a', $1, -2, E'x'), (a, 1), ((1)), ()",
 		"select 'é', \"ü\", ñ1 from t€ where x = '日本' and y = 1", "select \xff\x80 1", "x  ", "  x", " ", "  ", "a -- b\n  c",
 		"a /* b */  c", "in ( 1 , 2 )", "in (1,\t2)", "select e'\\'', E'x'", "select U&'x'", "a$$", "$1$", "$a", "$_$x$_$",
