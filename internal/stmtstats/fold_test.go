@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,6 +47,13 @@ func TestFold(t *testing.T) {
 	}
 	assert.Equal(t, "select * from…", stmtstats.Fold("select * from t where id = 1", 13))
 	assert.Equal(t, "é…", stmtstats.Fold("éé", 3), "a rune is never cut")
+	// Only the bytes of the rune the cut splits are dropped, never a whole rune before it.
+	assert.Equal(t, "€€…", stmtstats.Fold("€€x", 6))
+	assert.Equal(t, "€…", stmtstats.Fold("€€x", 5))
+	assert.Equal(t, "select ? from ünïcödé_ta…", stmtstats.Fold("select 'é' from ünïcödé_table", 28))
+	assert.Equal(t, "a😀…", stmtstats.Fold("a😀😀", 8), "a 4-byte rune cut after 3 bytes")
+	assert.Equal(t, "a😀…", stmtstats.Fold("a😀😀", 5))
+	assert.Equal(t, "\xff\x80…", stmtstats.Fold("\xff\x80\x80", 2), "bytes that are not UTF-8 are kept")
 }
 
 func TestKeyFoldsLiterals(t *testing.T) {
@@ -91,6 +99,14 @@ func FuzzFold(f *testing.F) {
 	seed := maphash.MakeSeed()
 	f.Fuzz(func(t *testing.T, s string) {
 		folded := stmtstats.Fold(s, len(s)+8)
+		// A text cut short is the folded text's start, without a rune cut in two: at most
+		// utf8.UTFMax-1 bytes shorter than asked.
+		n := len(folded) / 2
+		if cut, ok := strings.CutSuffix(stmtstats.Fold(s, n), "…"); ok {
+			assert.True(t, strings.HasPrefix(folded, cut), "Fold(%q, %d) = %q", s, n, cut)
+			assert.GreaterOrEqual(t, len(cut), n-(utf8.UTFMax-1), "Fold(%q, %d) = %q", s, n, cut)
+			assert.True(t, !utf8.ValidString(folded) || utf8.ValidString(cut), "Fold(%q, %d) = %q", s, n, cut)
+		}
 		// Folding is idempotent: the folded text is its own fold, and keys agree.
 		assert.Equal(t, folded, stmtstats.Fold(folded, len(folded)+8))
 		tab := newTable(t, 0)

@@ -284,8 +284,14 @@ func refFold(sql string, n int) string {
 		return string(b)
 	}
 	b = b[:n]
-	for len(b) > 0 && !utf8.Valid(b[max(len(b)-utf8.UTFMax, 0):]) { // do not cut a rune
-		b = b[:len(b)-1]
+	// Do not cut a rune: drop the bytes of an incomplete last rune (at most utf8.UTFMax-1).
+	for k := len(b) - 1; k >= max(len(b)-(utf8.UTFMax-1), 0); k-- {
+		if utf8.RuneStart(b[k]) {
+			if !utf8.FullRune(b[k:]) {
+				b = b[:k]
+			}
+			break
+		}
 	}
 	return string(b) + "…"
 }
