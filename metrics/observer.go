@@ -1,7 +1,9 @@
 package metrics
 
 import (
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,9 +20,11 @@ const (
 // metrics a Stat snapshot cannot give. Every series it touches on the hot path is resolved in
 // newObserver, so an event costs a map lookup (with tags), a few atomic adds and no allocation.
 type observer struct {
-	// tagIndex maps an allow-listed tag to its index in series[lane]; nil when the histograms
-	// have no tag label, in which case every event uses index 0.
-	tagIndex map[string]int
+	// tagIndex maps the label value of an allow-listed tag (tagLabel) to its index in
+	// series[lane] and tagValues; nil when the histograms have no tag label, in which case every
+	// event uses index 0.
+	tagIndex  map[string]int
+	tagValues []string // the tag label values, by index
 	// series[lane][tag] holds the resolved series of one lane and tag value.
 	series [][]laneSeries
 	// byPriority[lane][level] is the wait series of one lane and priority level
@@ -63,6 +67,7 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 		tagValues = []string{tagNone, tagOther}
 		tagIndex = map[string]int{tagNone: 0, tagOther: 1}
 		for _, t := range o.tags {
+			t = tagLabel(t)
 			if _, dup := tagIndex[t]; dup || t == "" {
 				continue
 			}
@@ -71,7 +76,8 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 		}
 	}
 	ob := &observer{
-		tagIndex: tagIndex,
+		tagIndex:  tagIndex,
+		tagValues: tagValues,
 		wait: prometheus.NewHistogramVec(histogramOpts("pgxlanes_acquire_wait_seconds",
 			"Time from the call to a ready connection, of every acquire: successful, timed out, rejected or cancelled.",
 			waitBuckets, constLabels), labels),
@@ -105,21 +111,41 @@ func newObserver(lanes []pgxlanes.Lane, o *options, constLabels prometheus.Label
 	return ob
 }
 
+// tagLabel is the label value of an allow-listed tag or of a call's tag: the tag, with every
+// byte sequence that is not valid UTF-8 replaced by U+FFFD (Prometheus panics on a label value
+// that is not valid UTF-8).
+func tagLabel(tag string) string {
+	if utf8.ValidString(tag) {
+		return tag
+	}
+	return strings.ToValidUTF8(tag, "\uFFFD")
+}
+
+// tagSlot returns the index in series[lane] and tagValues of a call's tag: 0 (none, or the only
+// series without a tag label) for no tag, the tag's own for an allow-listed one, 1 (other) for
+// any other.
+func (ob *observer) tagSlot(tag string) int {
+	if ob.tagIndex == nil || tag == "" {
+		return 0
+	}
+	if i, ok := ob.tagIndex[tag]; ok {
+		return i
+	}
+	if !utf8.ValidString(tag) { // matched by its label value, as the allow-list was
+		if i, ok := ob.tagIndex[tagLabel(tag)]; ok {
+			return i
+		}
+	}
+	return 1 // other
+}
+
 // lookup returns the series of lane l and tag, or nil for a lane the collector does not know
 // (the pool never reports one).
 func (ob *observer) lookup(l pgxlanes.Lane, tag string) *laneSeries {
 	if int(l) >= len(ob.series) {
 		return nil
 	}
-	ti := 0
-	if ob.tagIndex != nil && tag != "" {
-		i, ok := ob.tagIndex[tag]
-		if !ok {
-			i = 1 // other
-		}
-		ti = i
-	}
-	return &ob.series[l][ti]
+	return &ob.series[l][ob.tagSlot(tag)]
 }
 
 // ObserveAcquire records the wait of every acquire, whatever its outcome: leaving the failures

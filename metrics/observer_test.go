@@ -108,6 +108,39 @@ func TestTagsAllowList(t *testing.T) {
 	}
 }
 
+// A tag of WithTags that is not valid UTF-8 (a tag list read from configuration) neither panics
+// nor loses its samples: its label value has U+FFFD in place of the bad bytes, and calls tagged
+// with it are counted there, in the histograms and in RetryTx's counters.
+func TestTagsNotValidUTF8(t *testing.T) {
+	pool := newPool(t, offlineDSN)
+	var (
+		c   prometheus.Collector
+		obs pgxlanes.Observer
+	)
+	require.NotPanics(t, func() {
+		c, obs = metrics.NewCollectorWithObserver(pool, metrics.WithTags("checkout", "r\xe9ports", "r\xe9ports"))
+	})
+	reg := registry(t, c)
+	retries, ok := obs.(pgxlanes.RetryObserver)
+	require.True(t, ok, "the observer counts RetryTx's attempts")
+	for _, tag := range []string{"r\xe9ports", "r\xe9ports", "checkout", "x\xff"} {
+		obs.ObserveAcquire(pgxlanes.AcquireEvent{Lane: pgxlanes.Short, Tag: tag, Wait: time.Millisecond})
+		obs.ObserveRelease(pgxlanes.ReleaseEvent{Lane: pgxlanes.Short, Tag: tag, Hold: time.Millisecond})
+		retries.ObserveRetry(pgxlanes.RetryEvent{Lane: pgxlanes.Tx, Tag: tag, Attempt: 1,
+			Outcome: pgxlanes.RetryWillRetry, Code: "40001"})
+	}
+	for tag, want := range map[string]uint64{"r\uFFFDports": 2, "checkout": 1, "other": 1, "none": 0} {
+		labels := map[string]string{"lane": "short", "tag": tag}
+		n, _ := histogram(t, reg, "pgxlanes_acquire_wait_seconds", labels)
+		assert.Equal(t, want, n, "acquire wait%v count", labels)
+		n, _ = histogram(t, reg, "pgxlanes_hold_seconds", labels)
+		assert.Equal(t, want, n, "hold%v count", labels)
+		labels = map[string]string{"lane": "tx", "tag": tag, "code": "40001"}
+		assert.Equal(t, float64(want), value(t, reg, "pgxlanes_retry_retries_total", labels), "retries%v", labels)
+	}
+	assert.Equal(t, 3*4, testutil.CollectAndCount(c, "pgxlanes_hold_seconds"), "3 lanes × 4 tag values")
+}
+
 func TestNoTagLabelByDefault(t *testing.T) {
 	pool := newPool(t, offlineDSN)
 	c, obs := metrics.NewCollectorWithObserver(pool)

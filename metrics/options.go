@@ -21,6 +21,12 @@ func WithPoolName(name string) Option {
 // raise the number of series. Counts per tag are the histograms' _count series; the counters,
 // read from the pool's Stat, are per lane only. Without WithTags (or with an empty list) no
 // metric has a tag label.
+//
+// A label value must be valid UTF-8. A tag that is not (from a tag list read from configuration,
+// say) gets as its label value the tag with each invalid byte sequence replaced by U+FFFD
+// (strings.ToValidUTF8), and a call's tag is matched by its label value the same way: calls
+// tagged with that tag are counted under that value, with no panic and no sample lost. Tags whose
+// label values are the same share their series.
 func WithTags(tags ...string) Option {
 	return func(o *options) { o.tags = append(o.tags, tags...) }
 }

@@ -78,14 +78,7 @@ func (ob *observer) ObserveRetry(e pgxlanes.RetryEvent) {
 	}
 	lv := []string{e.Lane.String()}
 	if ob.tagIndex != nil {
-		tag := e.Tag
-		switch _, known := ob.tagIndex[tag]; {
-		case tag == "":
-			tag = tagNone
-		case !known:
-			tag = tagOther
-		}
-		lv = append(lv, tag)
+		lv = append(lv, ob.tagValues[ob.tagSlot(e.Tag)])
 	}
 	m := ob.retry
 	m.attempts.WithLabelValues(lv...).Inc()
