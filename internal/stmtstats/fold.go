@@ -400,15 +400,18 @@ func unary(s string, i int) bool {
 	if i+1 >= len(s) || !isDigit(s[i+1]) && !(s[i+1] == '.' && i+2 < len(s) && isDigit(s[i+2])) {
 		return false
 	}
-	j := i - 1
-	for j >= 0 && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r') {
+	j, line := i-1, false
+	for j >= 0 && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r' || s[j] == '\f' || s[j] == '\v') {
+		line = line || s[j] == '\n'
 		j--
 	}
 	if j < 0 {
 		return true
 	}
-	if c := s[j]; isWord(c) || c == ')' || c == ']' || c == '\'' || c == '"' {
-		return false
+	// At the start of a line, the line before may end in a comment, whose last byte says
+	// nothing: the sign is taken as an operator, as after a block comment (below).
+	if c := s[j]; line || isWord(c) || c == ')' || c == ']' || c == '\'' || c == '"' || c == '.' {
+		return false // after an operand (a name, a value, a number's trailing dot)
 	}
 	// After a block comment, the byte before the comment decides; rather than look past the
 	// comment, the sign is taken as an operator (it stays, and the number after it is folded).

@@ -42,6 +42,7 @@ func TestFold(t *testing.T) {
 		{"select a[1]-1, a[$1]+2 from t", "select a[?]-?, a[$1]+? from t"},
 		// After a block comment the sign stays too (what the comment follows is not looked at).
 		{"select x /* c */ -1 from t", "select x -? from t"},
+		{"select x -- c.\n-1 from t", "select x -? from t"},
 	} {
 		assert.Equal(t, tt.want, stmtstats.Fold(tt.in, 1000), "%q", tt.in)
 	}
@@ -84,6 +85,12 @@ func TestKeyFoldsLiterals(t *testing.T) {
 		for _, b := range differ[i+1:] {
 			assert.NotEqual(t, tab.Key(a), tab.Key(b), "%q and %q", a, b)
 		}
+	}
+	// So is a sign at the start of a line (the line before may end in a comment), after a form
+	// feed, and after a number's trailing dot.
+	for _, pair := range [][2]string{{"select x -- c.\n-1 from t", "select x -- c.\n+1 from t"},
+		{"select x\f-1 from t", "select x\f+1 from t"}, {"select 5. -1", "select 5. +1"}} {
+		assert.NotEqual(t, tab.Key(pair[0]), tab.Key(pair[1]), "%q and %q", pair[0], pair[1])
 	}
 	require.NotEqual(t, keys[0], keys[1])
 	assert.Zero(t, testing.AllocsPerRun(100, func() { tab.Key(same[0][2]) }), "Key allocates nothing")
