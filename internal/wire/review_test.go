@@ -123,3 +123,40 @@ func TestReviewDrainDropsALargeNotice(t *testing.T) {
 	defer s.mu.Unlock()
 	require.Len(t, s.notices, 2, "the drain kept the small notice and dropped the large one")
 }
+
+// Review finding 3, second form: Read hands out c.out in pieces as large as the caller's buffer,
+// and does not note (as c.cur does for the stash) that the caller holds only the start of a
+// message. When Interrupt then calls consumeLocked, c.out is replaced by the synthetic end: the
+// reader, which had the first bytes of a message kept by the drain, gets an ErrorResponse where
+// the rest of that message should be, and the stream is torn. pgproto3's chunk reader reads into
+// the free end of its buffer, so a read that ends inside a message is ordinary.
+func TestReviewInterruptTearsAMessageKeptByTheDrain(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	s.awaitCancel()
+	notice := &pgproto3.NoticeResponse{Severity: "NOTICE", SeverityUnlocalized: "NOTICE", Code: "00000", Message: "kept by the drain for pgconn"}
+	s.send(notice, canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	want, err := notice.Encode(nil)
+	require.NoError(t, err)
+
+	fe := s.pc.Frontend()
+	fe.Send(&pgproto3.Query{String: "select 1"})
+	require.NoError(t, fe.Flush())
+	require.Equal(t, "select 1", s.expectQuery())
+
+	// The reader's buffer has room for the start of the notice only.
+	head := make([]byte, 10)
+	n, err := s.w.Read(head)
+	require.NoError(t, err)
+	require.Equal(t, want[:n], head[:n])
+	s.w.Interrupt(errors.New("over budget"))
+	rest := make([]byte, len(want)-n)
+	m, err := s.w.Read(rest)
+	require.NoError(t, err)
+	require.Equal(t, want[n:n+m], rest[:m], "the rest of the notice was replaced by the synthetic end: a torn message")
+}
