@@ -60,7 +60,10 @@ func (c *Conn) Interrupt(cause error) {
 		// Wake the reader, which consumes the interrupt. Only the read side: a write deadline
 		// that fires would break a TLS session.
 		_ = c.Conn.SetReadDeadline(time.Now())
-	case len(c.reqs) > 0:
+	case c.inFlightLocked() > 0:
+		// pgconn is between its write and its read: end its request now. Only a request of
+		// pgconn's counts: with only the replies of staged queries unread (After's, behind the
+		// reply pgconn had), the interrupt waits for the next request, as with none.
 		_ = c.consumeLocked()
 	}
 }

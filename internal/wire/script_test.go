@@ -265,3 +265,41 @@ func (s *script) roundTrip() {
 	require.NoError(s.t, r.firstErr())
 	require.Equal(s.t, []string{"ok"}, rows(r.res[0]))
 }
+
+// An interrupt between two statements of pgconn's, while the reply of a query queued with After
+// (SET LOCAL after a BEGIN, behind a pooler) is still unread, waits for the next request: that
+// request is ended at once and cancelled on the server. The server answers the BEGIN first and
+// flushes (PostgreSQL flushes at every ReadyForQuery), so pgconn is idle with only a staged
+// query's reply outstanding; the interrupt must not be taken as one that found nothing to end.
+func TestScriptInterruptWithOnlyAfterReplyUnread(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	s.w.After("set local lock_timeout = 1")
+	ch := s.exec(context.Background(), "begin")
+	require.Equal(t, "begin", s.expectQuery())
+	require.Equal(t, "set local lock_timeout = 1", s.expectQuery())
+	s.send(&pgproto3.CommandComplete{CommandTag: []byte("BEGIN")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
+	require.NoError(t, result(t, ch).firstErr())
+
+	// pgconn is idle: the budget guard interrupts the lease between two statements.
+	budget := errors.New("over budget")
+	s.w.Interrupt(budget)
+	// The SET LOCAL's reply arrives meanwhile.
+	s.send(&pgproto3.CommandComplete{CommandTag: []byte("SET")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
+
+	ch = s.exec(context.Background(), "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	select {
+	case r := <-ch:
+		requireCanceled(t, r.firstErr())
+	case <-time.After(2 * time.Second):
+		// Let the call end so that the test cleans up.
+		s.send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
+		<-ch
+		t.Fatal("the interrupt was lost: the next request ran to its end")
+	}
+	require.ErrorIs(t, s.w.Cause(), budget)
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'E'})
+	require.NoError(t, s.waitClean())
+	require.False(t, s.w.Failed())
+}
