@@ -191,8 +191,12 @@ func (c *Conn) consumeLocked() error {
 		c.breakLocked(timeoutError{})
 		return timeoutError{}
 	}
-	// The rest of a message pgconn has begun, then an error and a ReadyForQuery.
-	c.out = append(c.out[:0], c.rbuf[c.r:c.r+c.cur]...)
+	// After what out still holds for pgconn (messages a drain kept, when Interrupt consumes the
+	// interrupt before pgconn's first Read; a message whose start Read handed out already), the
+	// rest of a message pgconn has begun from the stash, then an error and a ReadyForQuery. out
+	// holds whole messages and Read empties it before it hands out the stash, so the synthetic
+	// end never follows part of a message.
+	c.out = append(c.out, c.rbuf[c.r:c.r+c.cur]...)
 	c.r += c.cur
 	c.cur = 0
 	c.out = appendError(c.out, cancelCode, cancelMessage)

@@ -3,6 +3,7 @@ package wire_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -284,4 +285,91 @@ func TestScriptRowsOfSwallowedReplies(t *testing.T) {
 		assert.Equal(t, []string{"a", "b", "c"}, rows(r.res[0]), "cut at %d", k)
 		assert.False(t, s.w.Failed())
 	}
+}
+
+// cutWithKept runs a statement, cuts it with its context, and lets the drain end with msg
+// (a message the drain keeps for pgconn) waiting for pgconn's next Read.
+func (s *script) cutWithKept(msg pgproto3.BackendMessage) {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(s.t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(s.t, result(s.t, ch).firstErr())
+	s.awaitCancel()
+	s.send(msg, canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(s.t, s.waitClean())
+}
+
+// An interrupt that Interrupt consumes itself (pgconn wrote its next request and has not read
+// yet) keeps what a drain kept for pgconn: the notification comes, then the synthetic end.
+func TestScriptInterruptKeepsMessagesKeptByTheDrain(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	s.cutWithKept(&pgproto3.NotificationResponse{PID: 1, Channel: "c", Payload: "kept by the drain"})
+
+	fe := s.pc.Frontend()
+	fe.Send(&pgproto3.Query{String: "select 1"})
+	require.NoError(t, fe.Flush())
+	require.Equal(t, "select 1", s.expectQuery())
+	s.w.Interrupt(errors.New("over budget"))
+
+	var got []string
+	rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer rcancel()
+	for {
+		m, err := s.pc.ReceiveMessage(rctx)
+		require.NoError(t, err)
+		switch m := m.(type) {
+		case *pgproto3.NotificationResponse:
+			got = append(got, "notification "+m.Payload)
+		case *pgproto3.ErrorResponse:
+			got = append(got, "error "+m.Code)
+		case *pgproto3.ReadyForQuery:
+			got = append(got, "ready")
+		default:
+			got = append(got, fmt.Sprintf("%T", m))
+		}
+		if _, ok := m.(*pgproto3.ReadyForQuery); ok {
+			break
+		}
+	}
+	require.Equal(t, []string{"notification kept by the drain", "error 57014", "ready"}, got)
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	s.roundTrip()
+}
+
+// Read hands out what a drain kept in pieces as large as the reader's buffer. An interrupt that
+// comes after the reader had the start of a kept message puts the synthetic end after the rest
+// of that message, never in the middle of it.
+func TestScriptInterruptAfterPartOfAKeptMessage(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	notice := &pgproto3.NoticeResponse{Severity: "NOTICE", SeverityUnlocalized: "NOTICE", Code: "00000", Message: "kept by the drain for pgconn"}
+	s.cutWithKept(notice)
+	want, err := notice.Encode(nil)
+	require.NoError(t, err)
+
+	fe := s.pc.Frontend()
+	fe.Send(&pgproto3.Query{String: "select 1"})
+	require.NoError(t, fe.Flush())
+	require.Equal(t, "select 1", s.expectQuery())
+
+	// The reader's buffer has room for the start of the notice only.
+	head := make([]byte, 10)
+	n, err := s.w.Read(head)
+	require.NoError(t, err)
+	require.Equal(t, want[:n], head[:n])
+	s.w.Interrupt(errors.New("over budget"))
+
+	// The rest of the notice, then the synthetic ErrorResponse and ReadyForQuery.
+	var got []byte
+	buf := make([]byte, 7)
+	for len(got) < len(want)-n+1 {
+		m, err := s.w.Read(buf)
+		require.NoError(t, err)
+		got = append(got, buf[:m]...)
+	}
+	require.Equal(t, want[n:], got[:len(want)-n], "the rest of the notice was replaced by the synthetic end: a torn message")
+	require.Equal(t, byte('E'), got[len(want)-n], "the synthetic end follows the notice")
 }
