@@ -240,9 +240,8 @@ const copyFailMessage = "pgxlanes: the caller's context ended"
 // at growing intervals. That is safe: nothing new is sent on the session until the drain ends,
 // and each cancel is acknowledged (the backend signalled) before the next read.
 func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
-	ok := c.skip() // what is already buffered may end it all
+	ok, err := c.skip() // what is already buffered may end it all
 	acked := true
-	var err error
 	copyFailed := false
 	for wait := 20 * time.Millisecond; !ok && err == nil; wait = min(2*wait, 250*time.Millisecond) {
 		if c.takeCopyCut() && !copyFailed {
@@ -367,8 +366,8 @@ func (c *Conn) read(until time.Time) (bool, error) {
 		}
 		n, err := c.Conn.Read(c.rbuf[c.w:])
 		c.w += n
-		if c.skip() {
-			return true, nil
+		if ok, serr := c.skip(); ok || serr != nil {
+			return ok, serr
 		}
 		if err != nil {
 			return false, err
@@ -380,8 +379,11 @@ func (c *Conn) read(until time.Time) (bool, error) {
 // whether every request has been answered. What pgconn must still see is kept for it, in out:
 // notifications and parameter changes, the notices of its own cut requests, and a FATAL error
 // (then the session ends, and pgconn reads the server's reason instead of an EOF). The error of a
-// staged query marks the session failed. A message larger than rbuf is dropped as it arrives.
-func (c *Conn) skip() bool {
+// staged query marks the session failed. A message that may be kept (keepable) is read whole, the
+// stash grown for it up to streamAbove; one larger than that breaks the Conn, rather than be
+// dropped unseen. Any other message larger than rbuf is dropped as it arrives. skip returns the
+// Conn's error once it broke.
+func (c *Conn) skip() (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := len(c.out)
@@ -395,28 +397,36 @@ func (c *Conn) skip() bool {
 			k := min(c.cur, c.w-c.r)
 			c.r, c.cur = c.r+k, c.cur-k
 			if c.cur > 0 {
-				return false
+				return false, nil
 			}
 			continue
 		}
 		typ, size, ok := header(c.rbuf[c.r:c.w])
 		if !ok {
-			return false
+			return false, nil
 		}
 		if size < headerLen {
 			c.breakLocked(fmt.Errorf("%w: a malformed message from the server", errBroken))
-			return false
+			return false, c.err
 		}
+		q := c.reqs[0]
 		if c.w-c.r < size {
-			if size <= len(c.rbuf) {
-				return false
+			switch {
+			case keepable(typ, q):
+				if size > streamAbove {
+					c.breakLocked(fmt.Errorf("%w: a message of type %q of %d bytes arrived during a drain, larger than the %d bytes kept for pgconn", errBroken, typ, size, streamAbove))
+					return false, c.err
+				}
+				c.reserveLocked(size) // read it whole
+				return false, nil
+			case size <= len(c.rbuf):
+				return false, nil
 			}
 			c.cur = size
 			continue
 		}
 		msg := c.rbuf[c.r : c.r+size]
 		body := msg[headerLen:]
-		q := c.reqs[0]
 		switch typ {
 		case beNotification, beParamStatus:
 			c.out = append(c.out, msg...)
@@ -447,7 +457,19 @@ func (c *Conn) skip() bool {
 		}
 		c.r += size
 	}
-	return true
+	return true, nil
+}
+
+// keepable reports whether skip may keep a message of type typ for pgconn, or must read its body
+// to know: an ErrorResponse may be a FATAL, or the failure of a staged query.
+func keepable(typ byte, q request) bool {
+	switch typ {
+	case beNotification, beParamStatus, beError:
+		return true
+	case beNotice:
+		return !q.staged
+	}
+	return false
 }
 
 // mutatedLocked reports whether a drained request created or closed named prepared statements.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +35,8 @@ type script struct {
 	cancels int           // cancel requests sent by a drain
 	cancel  chan struct{} // one value per cancel request
 	notices []*pgconn.Notice
+	// notified are the payloads of the notifications pgconn received.
+	notified []string
 }
 
 // scriptOptions are the wire options of a scripted session: a short grace, so that a test whose
@@ -101,6 +104,11 @@ func newScriptOf(t *testing.T, opts wire.Options, hidden bool) *script {
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
 		s.mu.Lock()
 		s.notices = append(s.notices, n)
+		s.mu.Unlock()
+	}
+	cfg.OnNotification = func(_ *pgconn.PgConn, n *pgconn.Notification) {
+		s.mu.Lock()
+		s.notified = append(s.notified, n.Payload)
 		s.mu.Unlock()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -302,4 +310,73 @@ func TestScriptInterruptWithOnlyAfterReplyUnread(t *testing.T) {
 	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'E'})
 	require.NoError(t, s.waitClean())
 	require.False(t, s.w.Failed())
+}
+
+// The drain keeps for pgconn a notice of the cut request, a notification or a ParameterStatus
+// larger than its stash, as it keeps a small one: it reads it whole.
+func TestScriptDrainKeepsLargeMessages(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	s.awaitCancel()
+	big := strings.Repeat("n", 12<<10)
+	s.send(
+		&pgproto3.NoticeResponse{Severity: "NOTICE", SeverityUnlocalized: "NOTICE", Code: "00000", Message: "small"},
+		&pgproto3.NoticeResponse{Severity: "NOTICE", SeverityUnlocalized: "NOTICE", Code: "00000", Message: big},
+		&pgproto3.NotificationResponse{PID: 1, Channel: "c", Payload: big + "a"},
+		&pgproto3.ParameterStatus{Name: "application_name", Value: big + "s"},
+		&pgproto3.DataRow{Values: [][]byte{[]byte(big + "dropped")}},
+		canceled(),
+		&pgproto3.ReadyForQuery{TxStatus: 'I'},
+	)
+	require.NoError(t, s.waitClean())
+	s.roundTrip() // pgconn reads what the drain kept
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	require.Len(t, s.notices, 2, "the drain kept the small notice and dropped the large one")
+	require.Equal(t, big, s.notices[1].Message)
+	require.Equal(t, []string{big + "a"}, s.notified)
+	require.Equal(t, big+"s", s.pc.ParameterStatus("application_name"))
+}
+
+// A FATAL larger than the drain's stash (a long DETAIL) reaches pgconn, as a small one does.
+func TestScriptDrainKeepsALargeFatal(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	s.awaitCancel()
+	detail := strings.Repeat("d", 20<<10)
+	s.send(&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command", Detail: detail})
+	_ = s.srv.Close()
+	require.Error(t, s.waitClean())
+
+	_, err := s.pc.Exec(context.Background(), "select 1").ReadAll()
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "want the server's FATAL, got %v", err)
+	require.Equal(t, "57P01", pgErr.Code)
+	require.Equal(t, detail, pgErr.Detail)
+}
+
+// A message the drain would keep for pgconn but that is larger than it keeps breaks the Conn at
+// once, with a reason, instead of being dropped unseen.
+func TestScriptDrainBreaksOnAHugeKeptMessage(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	s.awaitCancel()
+	start := time.Now()
+	s.send(&pgproto3.NoticeResponse{Severity: "NOTICE", SeverityUnlocalized: "NOTICE", Code: "00000", Message: strings.Repeat("n", 1<<20)})
+	err := s.waitClean()
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "larger than")
+	require.Less(t, time.Since(start), scriptOptions.Grace/2, "the drain went on after the Conn broke")
 }
