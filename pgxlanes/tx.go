@@ -199,6 +199,9 @@ func (tx *leaseTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	if err := tx.check(); err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
+	if err := flushForExecBatch(ctx, tx.l); err != nil {
+		return pgx.FailedBatchResults(b, tx.l.fail(err))
+	}
 	return &leaseBatch{br: tx.t.SendBatch(ctx, b), l: tx.l, gen: tx.gen}
 }
 

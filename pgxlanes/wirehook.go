@@ -126,14 +126,19 @@ func installWire(cc *pgx.ConnConfig, opts wire.Options, made func(*wire.Conn)) {
 	}
 }
 
-// flushForExecBatch sends the settings staged on lease l's wire.Conn now, before a batch that
-// pgconn will write past it: in QueryExecModeExec, pgconn.ExecBatch writes a batch straight to its
-// connection, so where the wire.Conn sits beside a *tls.Conn the settings would not go before the
-// batch. An empty query carries them: one round trip, in this case alone (a TLS connection with
-// channel binding, QueryExecModeExec, settings to change). ctx bounds it.
+// flushForExecBatch readies lease l's wire.Conn for a batch that pgconn will write past it: in
+// QueryExecModeExec, pgconn.ExecBatch writes a batch straight to its connection, so where the
+// wire.Conn sits beside a *tls.Conn the batch would neither wait for a drain under way (the
+// previous statement of a held connection or transaction cut by its context: the drain's cancel
+// requests could then end the batch, its CopyFail follow the batch) nor carry the staged
+// settings. An empty query, written through the wire.Conn, does both: its write waits for the
+// drain, and is ended at once, unsent, if ctx ends or the guard acts meanwhile, as any request's;
+// the settings go before it. One round trip, in this case alone (a TLS connection with channel
+// binding, QueryExecModeExec, settings to change or a drain under way). Every batch of a lease
+// that may go through ExecBatch must call it first.
 func flushForExecBatch(ctx context.Context, l *lease) error {
 	if l.w == nil || l.p.config.ConnConfig.DefaultQueryExecMode != pgx.QueryExecModeExec ||
-		l.conn.PgConn().Conn() == net.Conn(l.w) || !l.w.Pending() {
+		l.conn.PgConn().Conn() == net.Conn(l.w) || !l.w.Pending() && !l.w.Draining() {
 		return nil
 	}
 	return l.conn.PgConn().Exec(ctx, "").Close()

@@ -1,10 +1,23 @@
 package pgxlanes
 
 import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"math/big"
 	"net"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -37,4 +50,268 @@ func TestBesideConnShowsItsSocket(t *testing.T) {
 	tc := tls.Client(nc, &tls.Config{ServerName: "localhost"})
 	assert.NotNil(t, wire.SocketOf(besideConn{Conn: tc}), "the socket under the *tls.Conn")
 	assert.Nil(t, wire.SocketOf(struct{ net.Conn }{tc}), "a wrapper that hides the socket")
+}
+
+// selfSignedTLS is a server TLS config with a self-signed certificate made here.
+func selfSignedTLS(t *testing.T) *tls.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "localhost"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		DNSNames:     []string{"localhost"},
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+}
+
+// tlsScript is a scripted PostgreSQL server over TLS, and a held Conn of a lease on it in
+// QueryExecModeExec, with the wire.Conn beside pgconn's *tls.Conn (installWire, as the pool
+// uses it, under the default channel_binding=prefer).
+type tlsScript struct {
+	t       *testing.T
+	srv     net.Conn
+	be      *pgproto3.Backend
+	conn    *Conn
+	w       *wire.Conn
+	cancels atomic.Int32
+}
+
+func newTLSScript(t *testing.T) *tlsScript {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	srvCfg := selfSignedTLS(t)
+	s := &tlsScript{t: t}
+	ready := make(chan error, 1)
+	go func() {
+		ready <- func() error {
+			raw, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			be := pgproto3.NewBackend(raw, raw)
+			m, err := be.ReceiveStartupMessage()
+			if err != nil {
+				return err
+			}
+			if _, ok := m.(*pgproto3.SSLRequest); !ok {
+				return fmt.Errorf("want an SSLRequest, got %T", m)
+			}
+			if _, err := raw.Write([]byte{'S'}); err != nil {
+				return err
+			}
+			tc := tls.Server(raw, srvCfg)
+			if err := tc.Handshake(); err != nil {
+				return err
+			}
+			s.srv, s.be = tc, pgproto3.NewBackend(tc, tc)
+			if _, err := s.be.ReceiveStartupMessage(); err != nil {
+				return err
+			}
+			s.be.Send(&pgproto3.AuthenticationOk{})
+			s.be.Send(&pgproto3.BackendKeyData{ProcessID: 42, SecretKey: []byte{0, 0, 0, 7}})
+			s.be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+			return s.be.Flush()
+		}()
+	}()
+
+	cc, err := pgx.ParseConfig(fmt.Sprintf("host=127.0.0.1 port=%d user=script sslmode=require", ln.Addr().(*net.TCPAddr).Port))
+	require.NoError(t, err)
+	cc.DefaultQueryExecMode = pgx.QueryExecModeExec
+	installWire(cc, wire.Options{ResetSQL: resetSQL, Grace: 3 * time.Second}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pc, err := pgx.ConnectConfig(ctx, cc)
+	require.NoError(t, err)
+	require.NoError(t, <-ready)
+	t.Cleanup(func() {
+		_ = s.srv.Close()
+		_ = pc.Close(context.Background())
+	})
+
+	s.w = wireOf(pc.PgConn())
+	require.NotNil(t, s.w)
+	require.NotEqual(t, net.Conn(s.w), pc.PgConn().Conn(), "the wire.Conn sits beside the *tls.Conn")
+	s.w.SetCancel(func(context.Context) error { s.cancels.Add(1); return nil })
+	pcfg, err := pgxpool.ParseConfig("")
+	require.NoError(t, err)
+	pcfg.ConnConfig = cc
+	l := &lease{hold: hold{p: &Pool{config: &Config{Config: pcfg}}, conn: pc, w: s.w}}
+	s.conn = &Conn{l: l, gen: l.gen()}
+	return s
+}
+
+// recv returns the next frontend message, or an error if none comes within d.
+func (s *tlsScript) recv(d time.Duration) (pgproto3.FrontendMessage, error) {
+	_ = s.srv.SetReadDeadline(time.Now().Add(d))
+	defer func() { _ = s.srv.SetReadDeadline(time.Time{}) }()
+	return s.be.Receive()
+}
+
+// expect reads the next frontend message, which must be of want's type.
+func (s *tlsScript) expect(want pgproto3.FrontendMessage) pgproto3.FrontendMessage {
+	s.t.Helper()
+	m, err := s.recv(5 * time.Second)
+	require.NoError(s.t, err)
+	require.IsType(s.t, want, m)
+	return m
+}
+
+func (s *tlsScript) send(msgs ...pgproto3.BackendMessage) {
+	s.t.Helper()
+	for _, m := range msgs {
+		s.be.Send(m)
+	}
+	require.NoError(s.t, s.be.Flush())
+}
+
+// cut runs a statement on the held Conn, or on tx if not nil, and ends it with its context: the
+// drain starts, and the server has not answered yet.
+func (s *tlsScript) cut(tx pgx.Tx) {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		if tx != nil {
+			_, err = tx.Exec(ctx, "select pg_sleep(100)")
+		} else {
+			_, err = s.conn.Exec(ctx, "select pg_sleep(100)")
+		}
+		done <- err
+	}()
+	s.expect(&pgproto3.Query{})
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(s.t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		s.t.Fatal("the cut statement did not return")
+	}
+	require.True(s.t, s.w.Draining())
+}
+
+// answerBatch reads a one-query batch of QueryExecModeExec and answers it with one row.
+func (s *tlsScript) answerBatch(tx byte) {
+	s.t.Helper()
+	s.expect(&pgproto3.Parse{})
+	s.expect(&pgproto3.Bind{})
+	s.expect(&pgproto3.Describe{})
+	s.expect(&pgproto3.Execute{})
+	s.expect(&pgproto3.Sync{})
+	s.send(
+		&pgproto3.ParseComplete{},
+		&pgproto3.BindComplete{},
+		&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("v"), DataTypeOID: 23, DataTypeSize: 4, TypeModifier: -1}}},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("1")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")},
+		&pgproto3.ReadyForQuery{TxStatus: tx},
+	)
+}
+
+// Over TLS (the wire.Conn beside pgconn's *tls.Conn), a batch in QueryExecModeExec goes past the
+// wire.Conn (pgconn.ExecBatch). Sent on a held connection or in a transaction whose previous
+// statement was cut by its context, it waits for the drain: the server receives nothing while the
+// drain's cancel requests may still come, and the batch then runs as usual.
+func TestExecBatchWaitsForDrainOverTLS(t *testing.T) {
+	for _, inTx := range []bool{false, true} {
+		t.Run(map[bool]string{false: "held", true: "tx"}[inTx], func(t *testing.T) {
+			s := newTLSScript(t)
+			var tx pgx.Tx
+			status := byte('I')
+			if inTx {
+				done := make(chan error, 1)
+				go func() {
+					var err error
+					tx, err = s.conn.Begin(context.Background())
+					done <- err
+				}()
+				s.expect(&pgproto3.Query{})
+				s.send(&pgproto3.CommandComplete{CommandTag: []byte("BEGIN")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
+				require.NoError(t, <-done)
+				status = 'E'
+			}
+			s.cut(tx)
+
+			b := &pgx.Batch{}
+			b.Queue("select 1")
+			batchDone := make(chan error, 1)
+			go func() {
+				var br pgx.BatchResults
+				if tx != nil {
+					br = tx.SendBatch(context.Background(), b)
+				} else {
+					br = s.conn.SendBatch(context.Background(), b)
+				}
+				_, err := br.Exec()
+				if cerr := br.Close(); err == nil {
+					err = cerr
+				}
+				batchDone <- err
+			}()
+
+			// While the drain is under way nothing new may reach the server.
+			if m, err := s.recv(500 * time.Millisecond); err == nil {
+				t.Fatalf("the server received %T while the drain was under way", m)
+			}
+			s.send(&pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "57014", Message: "canceling statement due to user request"},
+				&pgproto3.ReadyForQuery{TxStatus: status})
+			// The empty query written through the wire.Conn once the drain ended, then the batch.
+			q := s.expect(&pgproto3.Query{}).(*pgproto3.Query)
+			require.Empty(t, q.String)
+			cancels := s.cancels.Load()
+			require.False(t, s.w.Draining())
+			s.send(&pgproto3.EmptyQueryResponse{}, &pgproto3.ReadyForQuery{TxStatus: status})
+			s.answerBatch(status)
+			select {
+			case err := <-batchDone:
+				require.NoError(t, err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the batch did not return")
+			}
+			require.Equal(t, cancels, s.cancels.Load(), "a cancel request after the drain ended")
+		})
+	}
+}
+
+// A batch waiting for the drain is ended, unsent, when its context ends.
+func TestExecBatchWaitingForDrainEndsWithItsContext(t *testing.T) {
+	s := newTLSScript(t)
+	s.cut(nil)
+	b := &pgx.Batch{}
+	b.Queue("select 1")
+	ctx, cancel := context.WithCancel(context.Background())
+	batchDone := make(chan error, 1)
+	go func() {
+		br := s.conn.SendBatch(ctx, b)
+		_, err := br.Exec()
+		_ = br.Close()
+		batchDone <- err
+	}()
+	if m, err := s.recv(200 * time.Millisecond); err == nil {
+		t.Fatalf("the server received %T while the drain was under way", m)
+	}
+	cancel()
+	select {
+	case err := <-batchDone:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the batch did not return")
+	}
+	s.send(&pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "57014", Message: "canceling statement due to user request"},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	// The session serves the next call; the batch never reached the server.
+	done := make(chan error, 1)
+	go func() { _, err := s.conn.Exec(context.Background(), "select 1"); done <- err }()
+	q := s.expect(&pgproto3.Query{}).(*pgproto3.Query)
+	require.Equal(t, "select 1", q.String)
+	s.send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, <-done)
 }
