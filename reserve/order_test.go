@@ -498,7 +498,15 @@ func TestOrderModel(t *testing.T) {
 						_, _ = p.abandon(m.w, m.ready, 0, m.since, context.Canceled)
 						waiting = slices.Delete(waiting, i, i+1)
 					default:
-						time.Sleep(time.Duration(rng.IntN(6)) * time.Millisecond)
+						// Time passes, a millisecond at a time (every instant in the bubble is a
+						// whole millisecond, so a waiter ages at one of them): the lane's ager grants
+						// the headroom to a held-off waiter the moment it ages, and the model serves
+						// at that moment too.
+						for range rng.IntN(6) {
+							time.Sleep(time.Millisecond)
+							synctest.Wait()
+							serve(0)
+						}
 					}
 					requireInvariants(t, p)
 				}
