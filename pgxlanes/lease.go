@@ -322,7 +322,7 @@ func (l *lease) done(now mono) {
 	}
 	srv.res.Release(l.slot)
 	hold := time.Duration(now - l.acquired)
-	p.holds.record(l.rt.lane, hold)
+	p.holds.record(l.rt.lane, hold, now)
 	if l.rt.learn {
 		p.learned(l, hold)
 	}

@@ -155,8 +155,9 @@ func (p *Pool) Stat() *Stat {
 			BudgetWarnings: c.warnings.Load(), BudgetFlags: c.flags.Load(), BudgetCancels: c.cancels.Load(),
 			BudgetTerminates: c.terminates.Load(), BudgetTerminateFailures: c.termFails.Load()}
 	}
+	now := monoNow()
 	for i := range numLanes {
-		p99, _ := p.holds.p99(Lane(i))
+		p99, _ := p.holds.p99(Lane(i), now)
 		st.lanes[i].HoldP99, st.lanes[i].AdvisedTimeout = p99, advisedTimeout(p99)
 	}
 	if p.fleet != nil {
