@@ -110,31 +110,31 @@ func (s *contentSet) lookup(h uint64) *contentEntry {
 	return nil
 }
 
-// byContent returns the key of sql from the content cache (hit), or folds it (and, if mayCache,
+// byContent returns the key of sql from the content cache, or folds it (and, if mayCache,
 // caches it at its second miss).
-func (c *keyCache) byContent(seed maphash.Seed, sql string, mayCache bool) (k Key, hit bool) {
+func (c *keyCache) byContent(seed maphash.Seed, sql string, mayCache bool) Key {
 	if c.noContent {
-		return Key(foldHash(seed, sql)), false
+		return Key(foldHash(seed, sql))
 	}
 	h, i := contentHash(seed, sql)
 	s := &c.content[i]
 	if e := s.lookup(h); e != nil {
-		return e.key, true
+		return e.key
 	}
-	k = Key(foldHash(seed, sql))
+	k := Key(foldHash(seed, sql))
 	if !mayCache {
-		return k, false
+		return k
 	}
 	for w := range keyCacheWays {
 		if s.seen[w].Load() == h && s.seen[w].CompareAndSwap(h, 0) {
 			way := s.putAt.Add(1) % keyCacheWays
 			s.ents[way].Store(&contentEntry{hash: h, key: k})
 			s.tags[way].Store(h)
-			return k, false
+			return k
 		}
 	}
 	s.seen[s.seenAt.Add(1)%keyCacheWays].Store(h)
-	return k, false
+	return k
 }
 
 // keySlot returns the set of the text at p with length n (Fibonacci hashing of the address),
@@ -163,8 +163,7 @@ func (c *keyCache) key(seed maphash.Seed, sql string) Key {
 		return Key(foldHash(seed, sql))
 	}
 	if len(sql) > keyCacheMaxLen {
-		k, _ := c.byContent(seed, sql, true) // not retained: known by content alone
-		return k
+		return c.byContent(seed, sql, true) // not retained: known by content alone
 	}
 	p := unsafe.StringData(sql)
 	i, tag := keySlot(p, len(sql))
@@ -177,7 +176,7 @@ func (c *keyCache) key(seed maphash.Seed, sql string) Key {
 			// Seen before: cache it (by identity only: a constant would take a place in the
 			// content cache it never uses). The entry goes in before its tag, so that a lookup
 			// that finds the tag finds the entry (or an older one, which its check refuses).
-			k, _ := c.byContent(seed, sql, false)
+			k := c.byContent(seed, sql, false)
 			way := s.putAt.Add(1) % keyCacheWays
 			s.ents[way].Store(&keyEntry{sql: sql, key: k})
 			s.tags[way].Store(tag)
@@ -188,6 +187,5 @@ func (c *keyCache) key(seed maphash.Seed, sql string) Key {
 	// content the other cache took (its first two calls fell too far apart for this set to
 	// remember the first) must still come here, where its key costs no hash.
 	s.seen[s.seenAt.Add(1)%keyCacheWays].Store(tag)
-	k, _ := c.byContent(seed, sql, true)
-	return k
+	return c.byContent(seed, sql, true)
 }
