@@ -108,6 +108,23 @@ func TestTagsAllowList(t *testing.T) {
 	}
 }
 
+// The tags "none" and "other" on the list share the series of the calls without a tag and of
+// the tags off the list, as WithTags says: no second series with the same labels (which the
+// registry would refuse), and no sample lost.
+func TestTagsNamedNoneAndOther(t *testing.T) {
+	pool := newPool(t, offlineDSN)
+	c, obs := metrics.NewCollectorWithObserver(pool, metrics.WithTags("none", "other", "checkout"))
+	reg := registry(t, c)
+	for _, tag := range []string{"none", "", "other", "user-42", "checkout"} {
+		obs.ObserveRelease(pgxlanes.ReleaseEvent{Lane: pgxlanes.Short, Tag: tag, Hold: time.Millisecond})
+	}
+	for tag, want := range map[string]uint64{"none": 2, "other": 2, "checkout": 1} {
+		n, _ := histogram(t, reg, "pgxlanes_hold_seconds", map[string]string{"lane": "short", "tag": tag})
+		assert.Equal(t, want, n, "hold{tag=%q} count", tag)
+	}
+	assert.Equal(t, 3*3, testutil.CollectAndCount(c, "pgxlanes_hold_seconds"), "3 lanes × 3 tag values")
+}
+
 // A tag of WithTags that is not valid UTF-8 (a tag list read from configuration) neither panics
 // nor loses its samples: its label value has U+FFFD in place of the bad bytes, and calls tagged
 // with it are counted there, in the histograms and in RetryTx's counters.

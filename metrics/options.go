@@ -26,7 +26,8 @@ func WithPoolName(name string) Option {
 // say) gets as its label value the tag with each invalid byte sequence replaced by U+FFFD
 // (strings.ToValidUTF8), and a call's tag is matched by its label value the same way: calls
 // tagged with that tag are counted under that value, with no panic and no sample lost. Tags whose
-// label values are the same share their series.
+// label values are the same share their series; so do the tags "none" and "other", with the calls
+// without a tag and those whose tag is not on the list (name a tag otherwise to count it apart).
 func WithTags(tags ...string) Option {
 	return func(o *options) { o.tags = append(o.tags, tags...) }
 }
