@@ -152,9 +152,12 @@ func (c *Conn) readDirectLocked(p []byte) (int, error) {
 	c.mu.Lock()
 	c.reading = false
 	n += k
-	if c.intr != nil || c.st == stateBroken {
+	if c.st == stateBroken || c.intr != nil && (err == nil || isTimeout(err)) {
 		// An interrupt (or Close) came during the read: what arrived goes to the stash and
-		// the loop in Read takes it from there.
+		// the loop in Read takes it from there. Not when the bytes came with the end of the
+		// stream (a *tls.Conn returns the server's last bytes with io.EOF): no drain can
+		// follow, and Read would return the error and lose them, a FATAL's reason with them;
+		// pgconn gets them as if the interrupt came after the read.
 		c.stashLocked(p[:n])
 		return 0, err
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -39,6 +40,12 @@ type cutConn struct {
 	// opaque hides the socket from wire (NetConn returns nil), as a wrapper of the user's that
 	// does not expose what it wraps would: wire cannot tell whether a write is stalled.
 	opaque bool
+	// joinEOF makes a read that got bytes go on reading until the socket ends, and return the
+	// bytes with the error, as a *tls.Conn does with a close_notify right behind the data.
+	joinEOF bool
+	// onRead, when set, runs once a read that got bytes returns from the socket, before wire
+	// has them: an interrupt there lands during the read.
+	onRead func()
 }
 
 func (c *cutConn) Read(p []byte) (int, error) {
@@ -56,8 +63,23 @@ func (c *cutConn) Read(p []byte) (int, error) {
 	c.mu.Unlock()
 	n, err := c.Conn.Read(p[:limit])
 	c.mu.Lock()
-	c.pos += n
+	join := c.joinEOF
 	c.mu.Unlock()
+	for join && n > 0 && n < limit && err == nil {
+		var k int
+		k, err = c.Conn.Read(p[n:limit])
+		n += k
+	}
+	c.mu.Lock()
+	c.pos += n
+	f := c.onRead
+	if n > 0 {
+		c.onRead = nil
+	}
+	c.mu.Unlock()
+	if f != nil && n > 0 {
+		f()
+	}
 	return n, err
 }
 
@@ -372,4 +394,28 @@ func TestScriptInterruptAfterPartOfAKeptMessage(t *testing.T) {
 	}
 	require.Equal(t, want[n:], got[:len(want)-n], "the rest of the notice was replaced by the synthetic end: a torn message")
 	require.Equal(t, byte('E'), got[len(want)-n], "the synthetic end follows the notice")
+}
+
+// A FATAL that arrives in the same read as the end of the stream (a *tls.Conn returns the
+// server's last bytes with io.EOF when its close_notify follows them), while an interrupt lands
+// during that read, reaches pgconn: the caller gets the server's reason, as with pgx alone, not
+// an EOF. The stream has ended, so no drain could follow anyway.
+func TestScriptFatalWithEOFDuringInterruptedRead(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ch := s.exec(context.Background(), "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	s.cut.mu.Lock()
+	s.cut.joinEOF = true
+	s.cut.onRead = func() { s.w.Interrupt(context.Canceled) }
+	s.cut.mu.Unlock()
+	s.send(&pgproto3.ErrorResponse{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"})
+	_ = s.srv.Close()
+
+	r := result(t, ch)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(r.firstErr(), &pgErr), "want the server's FATAL, got %v", r.firstErr())
+	assert.Equal(t, "57P01", pgErr.Code)
+	assert.Equal(t, "FATAL", pgErr.Severity)
+	assert.True(t, s.pc.IsClosed())
+	require.Error(t, s.waitClean())
 }
