@@ -84,10 +84,13 @@ func (c *Conn) Ping(ctx context.Context) error {
 }
 
 // Conn returns the underlying *pgx.Conn. It stays owned by the pool. It panics after Release,
-// when the connection may serve another caller.
+// when the connection may serve another caller. Over TLS with channel binding it first waits for
+// the cleaning of a statement cut by its context, at most CancelGrace: a batch written with the
+// *pgx.Conn's PgConn could otherwise be cancelled by it.
 func (c *Conn) Conn() *pgx.Conn {
 	if c.l.stale(c.gen) {
 		panic("pgxlanes: Conn.Conn called after Release or Hijack")
 	}
+	awaitDrainBeside(c.l)
 	return c.l.conn
 }

@@ -238,11 +238,13 @@ func (tx *leaseTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Ro
 }
 
 // Conn returns the underlying *pgx.Conn. It panics once the lease ended, when the connection
-// may serve another caller.
+// may serve another caller. Over TLS with channel binding it first waits for a drain, as
+// Conn.Conn does.
 func (tx *leaseTx) Conn() *pgx.Conn {
 	if tx.l.stale(tx.gen) {
 		panic("pgxlanes: Tx.Conn called after the transaction's connection was released")
 	}
+	awaitDrainBeside(tx.l)
 	return tx.t.Conn()
 }
 

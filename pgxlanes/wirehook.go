@@ -143,3 +143,24 @@ func flushForExecBatch(ctx context.Context, l *lease) error {
 	}
 	return l.conn.PgConn().Exec(ctx, "").Close()
 }
+
+// drained is a Cleaner that closes its channel when the drain it waited for ends.
+type drained chan struct{}
+
+func (d drained) Cleaned(bool) { close(d) }
+
+// awaitDrainBeside waits for a drain of lease l's wire.Conn to end where it sits beside a
+// *tls.Conn, before the lease's *pgx.Conn is handed to the user (Conn.Conn, Tx.Conn): with it the
+// user may write a batch past the wire.Conn (pgconn.ExecBatch, or pgx in QueryExecModeExec),
+// which flushForExecBatch cannot ready, and the drain's cancel requests would then end the batch
+// on the server. A drain ends within CancelGrace; elsewhere the wire.Conn is pgconn's connection,
+// and a batch's own write waits for it.
+func awaitDrainBeside(l *lease) {
+	if l.w == nil || l.conn.PgConn().Conn() == net.Conn(l.w) || !l.w.Draining() {
+		return
+	}
+	d := make(drained)
+	if l.w.OnClean(d) {
+		<-d
+	}
+}

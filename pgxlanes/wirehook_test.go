@@ -16,11 +16,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
+	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
@@ -314,4 +318,117 @@ func TestExecBatchWaitingForDrainEndsWithItsContext(t *testing.T) {
 	require.Equal(t, "select 1", q.String)
 	s.send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 	require.NoError(t, <-done)
+}
+
+// Over TLS with channel binding, a batch the user sends with the held connection's own PgConn
+// (pgconn.ExecBatch writes past the wire.Conn, to the *tls.Conn) after a statement cut by its
+// context waits for the drain, as the pool's own batches do (flushForExecBatch): the drain's
+// cancel request, late here, reaches the server once the cut statement has ended by itself, and
+// must not cancel the batch. The cancel requests are held at the dial until the server no longer
+// runs the cut statement; sent during the drain, the batch would be running by then. The
+// reference is pgxpool with pgx's own way to keep a connection whose statement's context ended
+// (a cancel request, then the server's reply): its batch runs too.
+func TestUserExecBatchWaitsForDrainOverTLS(t *testing.T) {
+	srv := pgserver.NewLocal(t, pgserver.Options{TLS: true, HostSSLOnly: true, MaxConnections: 20})
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // the drain and the waits end with the pools
+	ctx := context.Background()
+	observer, err := pgx.Connect(ctx, srv.DSN())
+	require.NoError(t, err)
+	defer observer.Close(ctx)
+
+	var gate atomic.Pointer[chan struct{}] // when set, dials (the cancel requests') wait for it
+	gated := func(cc *pgx.ConnConfig) {
+		dial := cc.DialFunc
+		cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if g := gate.Load(); g != nil {
+				select {
+				case <-*g:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return dial(ctx, network, addr)
+		}
+	}
+	const cutSQL = "select pg_sleep(0.5) -- cut"
+	cutRunning := func(pid uint32) bool {
+		var state, query string
+		require.NoError(t, observer.QueryRow(ctx, "select state, query from pg_stat_activity where pid = $1", pid).Scan(&state, &query))
+		return state == "active" && query == cutSQL
+	}
+	// run cuts cutSQL on a connection with the cancel requests held, then sends a batch with
+	// batchConn's PgConn; it returns the cut statement's error and the batch's.
+	run := func(t *testing.T, pid uint32, cut func(context.Context) error, batchConn func() *pgx.Conn) (cutErr, batchErr error) {
+		held := make(chan struct{})
+		gate.Store(&held)
+		cutCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		cutDone := make(chan error, 1)
+		go func() { cutDone <- cut(cutCtx) }()
+		pgserver.Eventually(t, 10*time.Second, "the cut statement runs", func() bool { return cutRunning(pid) })
+		batchDone := make(chan error, 1)
+		go func() {
+			cutErr = <-cutDone
+			b := &pgconn.Batch{}
+			b.ExecParams("select pg_sleep(1) -- batch", nil, nil, nil, nil)
+			_, err := batchConn().PgConn().ExecBatch(ctx, b).ReadAll()
+			batchDone <- err
+		}()
+		pgserver.Eventually(t, 10*time.Second, "the cut statement ends on the server", func() bool { return !cutRunning(pid) })
+		gate.Store(nil)
+		close(held)
+		select {
+		case batchErr = <-batchDone:
+			return cutErr, batchErr
+		case <-time.After(10 * time.Second):
+			t.Fatal("the batch did not return")
+			return nil, nil
+		}
+	}
+
+	t.Run("pgxpool", func(t *testing.T) {
+		cfg, err := pgxpool.ParseConfig(srv.DSN())
+		require.NoError(t, err)
+		cfg.MaxConns = 1
+		gated(cfg.ConnConfig)
+		cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+			return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
+		}
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer p.Close()
+		conn, err := p.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		// pgx waits for the cancel request: the statement ends by itself first, and succeeds.
+		_, err = run(t, conn.Conn().PgConn().PID(), func(ctx context.Context) error {
+			_, err := conn.Exec(ctx, cutSQL)
+			return err
+		}, conn.Conn)
+		require.NoError(t, err)
+	})
+
+	t.Run("pgxlanes", func(t *testing.T) {
+		cfg, err := ParseConfig(srv.DSN())
+		require.NoError(t, err)
+		cfg.MaxConns = 1
+		gated(cfg.ConnConfig)
+		p, err := NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer p.Close()
+		conn, err := p.Acquire(ctx)
+		require.NoError(t, err)
+		defer conn.Release()
+		pc := conn.Conn().PgConn()
+		require.NotNil(t, wireOf(pc))
+		require.NotEqual(t, net.Conn(wireOf(pc)), pc.Conn(), "the wire.Conn sits beside the *tls.Conn")
+		cutErr, err := run(t, pc.PID(), func(ctx context.Context) error {
+			_, err := conn.Exec(ctx, cutSQL)
+			return err
+		}, conn.Conn)
+		require.ErrorIs(t, cutErr, context.DeadlineExceeded, "the statement returns at its deadline")
+		require.NoError(t, err, "the drain's cancel request ended the batch")
+		var one int
+		require.NoError(t, conn.QueryRow(ctx, "select 1").Scan(&one))
+	})
 }
