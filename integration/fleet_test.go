@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/pgxlanes/pgxlanes/internal/faultproxy"
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
@@ -337,4 +338,72 @@ func TestFleetCapOnAcquireAllIdle(t *testing.T) {
 		"the fleet slot is given back with the connection")
 	_, err = p.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
 	require.NoError(t, err, "the fleet slot is free again for a Long call")
+}
+
+// fleetSides waits until the pool of the database of admin has both its fleet sessions open and
+// idle, so that no statement of the fleet's is under way.
+func fleetSides(t *testing.T, admin *pgx.Conn) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := admin.QueryRow(context.Background(), `select count(*) from pg_stat_activity
+			where application_name = 'pgxlanes fleet' and datname = current_database() and state = 'idle'`).Scan(&n)
+		return err == nil && n == 2
+	}, 10*time.Second, 10*time.Millisecond, "the fleet's two sessions opened")
+}
+
+// TestFleetCloseDoesNotWaitOnAStalledTake: a Long caller with a long ctx is taking a fleet slot
+// when the link to the server stalls (the proxy holds the server's reply). Close returns within
+// seconds, as pgxpool's Close does on a stalled server, and the caller gets ErrClosed: Close does
+// not wait for the caller's ctx to end the take's round trip.
+func TestFleetCloseDoesNotWaitOnAStalledTake(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	admin, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer admin.Close(bg)
+	proxy := pgserver.NewProxy(t, dsn)
+	defer func() { require.NoError(t, proxy.Normal()) }()
+	p, err := pgxlanes.New(bg, withParams(proxy.DSN(), "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=2m"))
+	require.NoError(t, err)
+	fleetSides(t, admin)
+
+	require.NoError(t, proxy.SetBlackhole(faultproxy.Downstream, true))
+	ctx, cancel := context.WithTimeout(bg, 2*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select 1")
+		done <- err
+	}()
+	// The take reached the server, and its reply is held by the proxy.
+	require.Eventually(t, func() bool {
+		var n int
+		err := admin.QueryRow(bg, `select count(*) from pg_stat_activity where application_name = 'pgxlanes fleet'
+			and datname = current_database() and query like '%pg_try_advisory_lock(%'`).Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "the take reached the server")
+
+	closed := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(closed)
+		p.Close()
+	}()
+	select {
+	case <-closed:
+		t.Logf("Close returned after %v with the link stalled", time.Since(start).Round(time.Millisecond))
+	case <-time.After(15 * time.Second):
+		require.NoError(t, proxy.Normal()) // let the take finish, so that Close and the caller end
+		<-closed
+		t.Fatalf("Close waited %v for a fleet take on a stalled link, until the link recovered", time.Since(start).Round(time.Millisecond))
+	}
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, pgxlanes.ErrClosed)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the Long caller did not return after Close")
+	}
 }

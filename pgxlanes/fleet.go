@@ -179,7 +179,7 @@ func (f *fleet) take(ctx context.Context, admit bool) (int32, error) {
 
 func (f *fleet) takeOn(ctx context.Context, s *fleetSide, admit bool) (int32, error) {
 	slot := int32(-1)
-	err := f.with(ctx, s, func(c *pgx.Conn) error {
+	err := f.with(ctx, s, func(ctx context.Context, c *pgx.Conn) error {
 		f.mu.Lock()
 		skip := slices.Collect(maps.Keys(f.slots))
 		f.mu.Unlock()
@@ -221,14 +221,21 @@ func (f *fleet) takeOn(ctx context.Context, s *fleetSide, admit bool) (int32, er
 }
 
 // with runs fn on side s, opening its session if needed, once the side is free or until ctx
-// ends. A session found broken is dropped (lost) and its locks counted as gone.
-func (f *fleet) with(ctx context.Context, s *fleetSide, fn func(*pgx.Conn) error) error {
+// ends; fn's ctx ends with ctx or when the fleet closes. A session found broken is dropped (lost)
+// and its locks counted as gone.
+func (f *fleet) with(ctx context.Context, s *fleetSide, fn func(context.Context, *pgx.Conn) error) error {
 	select {
 	case <-s.sem:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	defer func() { s.sem <- struct{}{} }()
+	// The side's I/O ends when the fleet closes too, not only with ctx: close waits for each
+	// side's sem, and must not wait for a caller's round trip on a stalled link until the
+	// caller's ctx ends.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(f.ctx, cancel)()
 	f.mu.Lock()
 	closed := f.closed
 	f.mu.Unlock()
@@ -245,7 +252,7 @@ func (f *fleet) with(ctx context.Context, s *fleetSide, fn func(*pgx.Conn) error
 		}
 		s.conn = c
 	}
-	err := fn(s.conn)
+	err := fn(ctx, s.conn)
 	if err != nil && brokenConn(s.conn, err) {
 		f.lost(s)
 	}
@@ -302,7 +309,7 @@ func (f *fleet) release(int32) {
 		defer cancel()
 		for _, s := range f.sides {
 			if bits&(1<<s.i) != 0 {
-				_ = f.with(ctx, s, func(c *pgx.Conn) error {
+				_ = f.with(ctx, s, func(ctx context.Context, c *pgx.Conn) error {
 					_, err := c.Exec(ctx, guardTag+"select pg_advisory_unlock_shared($1::int, $2::int)", f.key, slot)
 					return err
 				})
@@ -349,7 +356,7 @@ func (f *fleet) keep() {
 	f.mu.Unlock()
 	for _, s := range f.sides {
 		// Open a side that is not open; check one that is, while slots are held.
-		_ = f.with(ctx, s, func(c *pgx.Conn) error {
+		_ = f.with(ctx, s, func(ctx context.Context, c *pgx.Conn) error {
 			if !busy {
 				return nil
 			}
@@ -369,7 +376,7 @@ func (f *fleet) keep() {
 		if len(missing) == 0 {
 			continue
 		}
-		_ = f.with(ctx, s, func(c *pgx.Conn) error {
+		_ = f.with(ctx, s, func(ctx context.Context, c *pgx.Conn) error {
 			for _, slot := range missing {
 				var ok bool
 				if err := c.QueryRow(ctx, guardTag+"select pg_try_advisory_lock_shared($1::int, $2::int)", f.key, slot).Scan(&ok); err != nil {
