@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -406,4 +408,75 @@ func TestFleetCloseDoesNotWaitOnAStalledTake(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the Long caller did not return after Close")
 	}
+}
+
+// TestFleetSlotNotLeakedByACancelledTake: replica A's connections use a context watcher handler
+// that cancels a statement on the server and keeps the session (pgconn's
+// CancelRequestContextWatcherHandler). A's Long caller's ctx ends while its take of the fleet's
+// one slot runs on the server, after the take locked the slot: the cancel fails the statement,
+// but a session-level advisory lock outlives the statement that took it. A does not count the
+// slot, so it must not keep the lock either: once A is idle no fleet lock is held, and replica B
+// gets the slot. The take is made slow after its lock by a pg_advisory_unlock of a schema ahead
+// of pg_catalog in A's search_path, standing in for a server slow to finish the statement.
+func TestFleetSlotNotLeakedByACancelledTake(t *testing.T) {
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	admin, err := pgx.Connect(bg, dsn)
+	require.NoError(t, err)
+	defer admin.Close(bg)
+	_, err = admin.Exec(bg, `create schema slow;
+		create table slow.flag ();
+		create function slow.pg_advisory_unlock(int, int) returns boolean language plpgsql as $$
+		begin
+			if exists (select from slow.flag) then
+				perform pg_sleep(30);
+			end if;
+			return pg_catalog.pg_advisory_unlock($1, $2);
+		end $$`)
+	require.NoError(t, err)
+
+	const params = "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=10s"
+	cfg, err := pgxlanes.ParseConfig(withParams(dsn, params))
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["search_path"] = "slow, pg_catalog"
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 20 * time.Second}
+	}
+	a, err := pgxlanes.NewWithConfig(bg, cfg)
+	require.NoError(t, err)
+	t.Cleanup(a.Close)
+	b := newLanes(t, dsn, params)
+	fleetSides(t, admin)
+
+	_, err = admin.Exec(bg, "insert into slow.flag default values")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Exec(pgxlanes.WithLane(ctx, pgxlanes.Long), "select 1")
+		done <- err
+	}()
+	// The take locked the slot and sleeps in its unlock.
+	require.Eventually(t, func() bool {
+		var n int
+		err := admin.QueryRow(bg, `select count(*) from pg_stat_activity where application_name = 'pgxlanes fleet'
+			and datname = current_database() and wait_event = 'PgSleep'`).Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "the take sleeps on the server")
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the Long caller did not return after its ctx ended")
+	}
+	_, err = admin.Exec(bg, "delete from slow.flag")
+	require.NoError(t, err)
+	lanesIdle(t, a, "after the cancelled take")
+
+	pgserver.Eventually(t, 10*time.Second, "no fleet lock held with replica A idle", func() bool {
+		return fleetLockHolders(t, admin) == 0
+	})
+	_, err = b.Exec(pgxlanes.WithLane(bg, pgxlanes.Long), "select 1")
+	require.NoError(t, err, "replica B gets the fleet's slot")
 }

@@ -221,8 +221,8 @@ func (f *fleet) takeOn(ctx context.Context, s *fleetSide, admit bool) (int32, er
 }
 
 // with runs fn on side s, opening its session if needed, once the side is free or until ctx
-// ends; fn's ctx ends with ctx or when the fleet closes. A session found broken is dropped (lost)
-// and its locks counted as gone.
+// ends; fn's ctx ends with ctx or when the fleet closes. A session found broken, or that fn left
+// in an unknown state as ctx ended, is dropped (lost) and its locks counted as gone.
 func (f *fleet) with(ctx context.Context, s *fleetSide, fn func(context.Context, *pgx.Conn) error) error {
 	select {
 	case <-s.sem:
@@ -253,7 +253,11 @@ func (f *fleet) with(ctx context.Context, s *fleetSide, fn func(context.Context,
 		s.conn = c
 	}
 	err := fn(ctx, s.conn)
-	if err != nil && brokenConn(s.conn, err) {
+	// A statement that failed as ctx ended may have run in part: a user's context watcher handler
+	// (CancelRequestContextWatcherHandler) cancels it on the server and keeps the session, and a
+	// session-level advisory lock outlives the statement that took it. What the side holds is then
+	// unknown, so it is dropped as lost, as pgconn's default handler would have closed it.
+	if err != nil && (brokenConn(s.conn, err) || ctx.Err() != nil) {
 		f.lost(s)
 	}
 	return err
