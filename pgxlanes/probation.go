@@ -118,6 +118,20 @@ func (pr *probation) remove(e *list.Element) {
 	close(w.ready)
 }
 
+// withdraw takes waiter w, at e, off the list, or gives its token back to the next waiter if
+// it was granted meanwhile. Caller holds mu.
+func (pr *probation) withdraw(w *probeWaiter, e *list.Element) {
+	select {
+	case <-w.ready:
+		if w.granted {
+			pr.put(w.key)
+			pr.grant()
+		}
+	default:
+		pr.remove(e)
+	}
+}
+
 // settle sends the waiters for k, without a token, to look again at its class: k was demoted,
 // or proven by a run that ended fast. It costs one atomic load when nobody waits.
 func (pr *probation) settle(k stmtstats.Key) {
@@ -175,6 +189,14 @@ func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
 		}
 		w, e := pr.enqueue(rt.key)
 		pr.mu.Unlock()
+		// A run that proved or demoted the statement after the look above found no waiter of
+		// it to send on (settle): look again now that this one is queued.
+		if p.learn.Classify(rt.key) != stmtstats.Unproven {
+			pr.mu.Lock()
+			pr.withdraw(w, e)
+			pr.mu.Unlock()
+			continue
+		}
 
 		if timeout == nil {
 			if t := on(cfg.AcquireTimeout); t > 0 {
@@ -193,15 +215,7 @@ func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
 		}
 		if err != nil {
 			pr.mu.Lock()
-			select {
-			case <-w.ready:
-				if w.granted { // granted meanwhile: give the token back, to the next waiter
-					pr.put(rt.key)
-					pr.grant()
-				}
-			default:
-				pr.remove(e)
-			}
+			pr.withdraw(w, e)
 			// Held back by its own statement's runs for the whole acquire timeout: they are
 			// most likely slow, and about to be learned as such. Long's capacity, as a demoted
 			// statement's caller, rather than an error.

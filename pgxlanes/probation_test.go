@@ -1,7 +1,11 @@
 package pgxlanes
 
 import (
+	"context"
+	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -81,4 +85,48 @@ func TestProbationSizes(t *testing.T) {
 		assert.Equal(t, tc.n, probationSize(tc.max, tc.reserved), "%+v", tc)
 		assert.Equal(t, tc.perStmt, probationPerStatement(tc.max, tc.reserved), "%+v", tc)
 	}
+}
+
+// A statement proven fast between a caller's look at its class and its turn in the queue does
+// not leave that caller waiting for a token it no longer needs: the run that proved it found no
+// waiter to send on, so the caller must look at the class again once it is queued.
+func TestProbationProvenWhileQueueing(t *testing.T) {
+	p, err := New(context.Background(), "postgres://u@127.0.0.1:55401/db?lane_short_acquire_timeout=2s")
+	require.NoError(t, err)
+	defer p.Close()
+	p.prob = newProbation(1, 1)
+	const sql, other = "select 1 from probation_race", "select 2 from probation_other"
+	k := p.learn.Key(sql)
+	// Another unproven statement holds the only token.
+	p.prob.mu.Lock()
+	p.prob.take(p.learn.Key(other))
+
+	done := make(chan error, 1)
+	rt := route{lane: Short, key: k, learn: true, probation: true}
+	go func() { done <- p.probe(context.Background(), &rt, monoNow()) }()
+	// Wait until the caller has looked at the class (unproven) and waits for the mutex.
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		s := string(buf[:runtime.Stack(buf, true)])
+		for _, g := range strings.Split(s, "\n\n") {
+			if strings.Contains(g, ").probe(") && strings.Contains(g, "lockSlow") {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, time.Millisecond)
+	// A run with no token (its caller's deadline was short) proves the statement fast.
+	p.learned(&lease{hold: hold{rt: route{lane: Short, key: k, learn: true}, sql: sql}}, time.Millisecond)
+	require.Equal(t, stmtstats.Proven, p.learn.Classify(k))
+	p.prob.mu.Unlock()
+
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+		assert.False(t, rt.probation, "a proven statement needs no token")
+		assert.Equal(t, Short, rt.lane)
+	case <-time.After(time.Second):
+		t.Fatal("a proven statement still waits for a probation token")
+	}
+	assert.Equal(t, int32(0), p.prob.waiting.Load())
 }
