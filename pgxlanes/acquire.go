@@ -81,8 +81,10 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 	if err != nil {
 		return nil, err
 	}
+	actx := ctx // the slot's wait
 	if rt.probation {
-		if err = p.probe(ctx, &rt, start); err != nil {
+		var queued bool
+		if queued, err = p.probe(ctx, &rt, start); err != nil {
 			rt.probation = false
 			return nil, p.laneError(rt, start, err)
 		}
@@ -91,11 +93,21 @@ func (p *Pool) acquire(ctx context.Context, def Lane, kind callKind, sql string)
 				p.prob.release(rt.key)
 			}
 		}()
+		// Short's acquire timeout bounds the whole wait for Short's capacity, the token's
+		// included: the slot's wait gets what is left of it.
+		if t := on(p.lanes[Short].cfg.AcquireTimeout); queued && rt.lane == Short && t > 0 {
+			var cancel context.CancelFunc
+			actx, cancel = context.WithDeadline(ctx, start.time().Add(t))
+			defer cancel()
+		}
 	}
 	lr := &p.lanes[rt.lane]
 	srv := lr.srv
-	slot, err := srv.res.AcquireAs(ctx, lr.idx, rt.caller())
+	slot, err := srv.res.AcquireAs(actx, lr.idx, rt.caller())
 	if err != nil {
+		if actx != ctx && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			err = ErrAcquireTimeout // the deadline above, not the caller's
+		}
 		return nil, p.laneError(rt, start, err)
 	}
 	waited = slot.Waited()

@@ -163,8 +163,9 @@ func (pr *probation) inUse() int {
 // every token it may take, sends the call to Long's capacity (rt.lane = Long, rt.probation =
 // false); or, if it is proven meanwhile, lets it go without one (rt.probation = false). ctx and Short's acquire timeout (from start) bound the
 // wait; the queue is bounded by Short's MaxWaiters. The token is held until the lease ends
-// (learned gives it back).
-func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
+// (learned gives it back). queued reports whether the call waited for a token: the rest of its
+// acquire gets what is left of Short's acquire timeout, no more.
+func (p *Pool) probe(ctx context.Context, rt *route, start mono) (queued bool, err error) {
 	pr := p.prob
 	cfg := &p.lanes[Short].cfg
 	var timeout <-chan time.Time
@@ -172,23 +173,24 @@ func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
 		switch p.learn.Classify(rt.key) {
 		case stmtstats.Slow:
 			rt.lane, rt.probation = Long, false
-			return nil
+			return queued, nil
 		case stmtstats.Proven: // a run of it ended fast meanwhile
 			rt.probation = false
-			return nil
+			return queued, nil
 		}
 		pr.mu.Lock()
 		if pr.fits(rt.key) {
 			pr.take(rt.key)
 			pr.mu.Unlock()
-			return nil
+			return queued, nil
 		}
 		if mw := on(cfg.MaxWaiters); mw > 0 && pr.waiters.Len() >= mw {
 			pr.mu.Unlock()
-			return ErrLaneFull
+			return queued, ErrLaneFull
 		}
 		w, e := pr.enqueue(rt.key)
 		pr.mu.Unlock()
+		queued = true
 		// A run that proved or demoted the statement after the look above found no waiter of
 		// it to send on (settle): look again now that this one is queued.
 		if p.learn.Classify(rt.key) != stmtstats.Unproven {
@@ -205,7 +207,6 @@ func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
 				timeout = timer.C
 			}
 		}
-		var err error
 		select {
 		case <-w.ready:
 		case <-ctx.Done():
@@ -223,12 +224,12 @@ func (p *Pool) probe(ctx context.Context, rt *route, start mono) error {
 			pr.mu.Unlock()
 			if own {
 				rt.lane, rt.probation = Long, false
-				return nil
+				return queued, nil
 			}
-			return err
+			return queued, err
 		}
 		if w.granted {
-			return nil
+			return queued, nil
 		}
 		// Sent to look again (settle): the statement was demoted or proven meanwhile.
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgxlanes/pgxlanes/internal/stmtstats"
+	"github.com/pgxlanes/pgxlanes/reserve"
 )
 
 // The probation semaphore's two bounds and its order: waiters are granted in order as both
@@ -103,7 +104,7 @@ func TestProbationProvenWhileQueueing(t *testing.T) {
 
 	done := make(chan error, 1)
 	rt := route{lane: Short, key: k, learn: true, probation: true}
-	go func() { done <- p.probe(context.Background(), &rt, monoNow()) }()
+	go func() { _, err := p.probe(context.Background(), &rt, monoNow()); done <- err }()
 	// Wait until the caller has looked at the class (unproven) and waits for the mutex.
 	require.Eventually(t, func() bool {
 		buf := make([]byte, 1<<20)
@@ -129,4 +130,44 @@ func TestProbationProvenWhileQueueing(t *testing.T) {
 		t.Fatal("a proven statement still waits for a probation token")
 	}
 	assert.Equal(t, int32(0), p.prob.waiting.Load())
+}
+
+// Short's acquire timeout bounds a call's whole wait for Short's capacity, its wait for a
+// probation token included: a caller that waited most of the timeout for a token does not then
+// wait a whole timeout more for a slot.
+func TestProbationWaitCountsAgainstAcquireTimeout(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	p, err := New(context.Background(), "postgres://u@127.0.0.1:55402/db?connect_timeout=1&lane_short_acquire_timeout=400ms")
+	require.NoError(t, err)
+	defer p.Close()
+	p.anyProven.Store(true)
+	p.prob = newProbation(1, 1)
+	other := p.learn.Key("select 2 from probation_other")
+	p.prob.mu.Lock()
+	p.prob.take(other)
+	p.prob.mu.Unlock()
+	// Short is full.
+	lr := &p.lanes[Short]
+	var slots []reserve.Slot
+	for {
+		s, ok := lr.srv.res.TryAcquireAs(lr.idx, "")
+		if !ok {
+			break
+		}
+		slots = append(slots, s)
+	}
+	require.NotEmpty(t, slots)
+	defer func() {
+		for _, s := range slots {
+			lr.srv.res.Release(s)
+		}
+	}()
+	// The token comes free after most of the timeout.
+	time.AfterFunc(timeout*3/4, func() { p.prob.release(other) })
+
+	start := time.Now()
+	_, err = p.Exec(context.Background(), "select 1 from probation_timeout")
+	waited := time.Since(start)
+	require.ErrorIs(t, err, ErrAcquireTimeout)
+	assert.Less(t, waited, timeout*5/4, "Short's acquire timeout is %v", timeout)
 }
