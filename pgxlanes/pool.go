@@ -277,6 +277,9 @@ func (p *Pool) Close() {
 		for _, srv := range p.servers {
 			srv.res.Close()
 		}
+		if p.prob != nil {
+			p.prob.close()
+		}
 		for _, srv := range p.servers {
 			srv.park.flush(false, true)
 			srv.pool.Close()

@@ -35,6 +35,7 @@ type probation struct {
 	byStmt  map[stmtstats.Key]int // tokens held per statement; no zero entries
 	waiters list.List             // of *probeWaiter, in arrival order
 	byKey   map[stmtstats.Key]int // waiters per statement; no zero entries
+	closed  bool                  // the pool is closed: no one waits any more
 }
 
 // probeWaiter is one caller waiting for a token. ready is closed when the waiter leaves the
@@ -151,6 +152,16 @@ func (pr *probation) settle(k stmtstats.Key) {
 	pr.mu.Unlock()
 }
 
+// close sends every waiter on without a token, and refuses waits from now on: the pool is closed.
+func (pr *probation) close() {
+	pr.mu.Lock()
+	pr.closed = true
+	for e := pr.waiters.Front(); e != nil; e = pr.waiters.Front() {
+		pr.remove(e)
+	}
+	pr.mu.Unlock()
+}
+
 // inUse returns the tokens held now.
 func (pr *probation) inUse() int {
 	pr.mu.Lock()
@@ -162,7 +173,7 @@ func (pr *probation) inUse() int {
 // while it waits, or Short's acquire timeout comes while its own statement's runs still hold
 // every token it may take, sends the call to Long's capacity (rt.lane = Long, rt.probation =
 // false); or, if it is proven meanwhile, lets it go without one (rt.probation = false). ctx and Short's acquire timeout (from start) bound the
-// wait; the queue is bounded by Short's MaxWaiters. The token is held until the lease ends
+// wait; the queue is bounded by Short's MaxWaiters; Close ends it (ErrClosed). The token is held until the lease ends
 // (learned gives it back). queued reports whether the call waited for a token: the rest of its
 // acquire gets what is left of Short's acquire timeout, no more.
 func (p *Pool) probe(ctx context.Context, rt *route, start mono) (queued bool, err error) {
@@ -183,6 +194,10 @@ func (p *Pool) probe(ctx context.Context, rt *route, start mono) (queued bool, e
 			pr.take(rt.key)
 			pr.mu.Unlock()
 			return queued, nil
+		}
+		if pr.closed {
+			pr.mu.Unlock()
+			return queued, ErrClosed
 		}
 		if mw := on(cfg.MaxWaiters); mw > 0 && pr.waiters.Len() >= mw {
 			pr.mu.Unlock()

@@ -171,3 +171,34 @@ func TestProbationWaitCountsAgainstAcquireTimeout(t *testing.T) {
 	require.ErrorIs(t, err, ErrAcquireTimeout)
 	assert.Less(t, waited, timeout*5/4, "Short's acquire timeout is %v", timeout)
 }
+
+// Close sends away a caller waiting for a probation token with ErrClosed, as it does a caller
+// queued for a lane slot, instead of leaving it waiting for a token that may never come free.
+func TestProbationWaiterLeavesAtClose(t *testing.T) {
+	p, err := New(context.Background(), "postgres://u@127.0.0.1:55403/db?connect_timeout=1")
+	require.NoError(t, err)
+	defer p.Close()
+	p.anyProven.Store(true)
+	p.lanes[Short].cfg.AcquireTimeout = Off // the caller's ctx alone bounds its wait
+	p.prob = newProbation(1, 1)
+	other := p.learn.Key("select 2 from probation_other")
+	p.prob.mu.Lock()
+	p.prob.take(other)
+	p.prob.mu.Unlock()
+	defer p.prob.release(other) // lets a caller still waiting (the bug) go
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Exec(context.Background(), "select 1 from probation_close")
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return p.prob.waiting.Load() == 1 }, 5*time.Second, time.Millisecond)
+	p.Close()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrClosed)
+	case <-time.After(time.Second):
+		t.Fatal("a caller waiting for a probation token still waits after Close")
+	}
+	assert.Equal(t, int32(0), p.prob.waiting.Load())
+}
