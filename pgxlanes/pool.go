@@ -203,6 +203,7 @@ func (p *Pool) pgxpoolConfig(base *pgxpool.Config, srv *server) *pgxpool.Config 
 	opts := wire.Options{ResetSQL: resetSQL, Grace: cfg.CancelGrace, NoCancel: cfg.NoCancelRequests}
 	if cfg.TransactionPooler {
 		opts.Settle = 100 * time.Millisecond // a pooler may acknowledge a cancel before it forwards it
+		opts.ResetSQL = ""                   // no session settings: a user's SET LOCAL needs no RESET
 	}
 	// A wire.Conn in the path of every connection of the pool (wirehook.go), installed on
 	// pgxpool's copy of the ConnConfig after the user's BeforeConnect, so that whatever that hook

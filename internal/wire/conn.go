@@ -37,6 +37,8 @@ import (
 // Options configure a Conn.
 type Options struct {
 	// ResetSQL restores the session defaults after Stage("") (RESET of every setting Stage sets).
+	// "" when the owner stages no settings (behind a transaction pooler): a SET of pgconn's is
+	// then not tracked either.
 	ResetSQL string
 	// Grace bounds a drain: the server must answer the cancel and every request within it.
 	Grace time.Duration
@@ -122,7 +124,9 @@ type Conn struct {
 	reqs0 [4]request
 
 	staged string // settings to stage before the next request; == applied when none
-	// applied: the session settings the server has once every staged query is sent.
+	// applied: the session settings the server has once every staged query is sent;
+	// unknownSettings once a request of pgconn's ran SET, RESET or DISCARD, so that the next
+	// staged settings (the defaults included) are sent whatever they are.
 	applied string
 	after   string // a query to send right after the next request
 	failed  bool   // a staged query failed: the session is not what the owner staged
@@ -188,6 +192,23 @@ func (c *Conn) SetCancel(f func(context.Context) error) {
 	c.mu.Lock()
 	c.cancel = f
 	c.mu.Unlock()
+}
+
+// unknownSettings is applied once the session's settings are not known: it equals no target.
+const unknownSettings = "\x00unknown"
+
+// settingsChangedLocked records that a request of pgconn's changed the session's settings: the
+// next settings staged, the defaults included, are sent whatever they are. Until then nothing is
+// sent: the session keeps what the request set (a SET in AfterConnect is what the pool reads as
+// the user's values). Caller must hold c.mu.
+func (c *Conn) settingsChangedLocked() {
+	if c.opts.ResetSQL == "" {
+		return
+	}
+	if c.staged == c.applied {
+		c.staged = unknownSettings
+	}
+	c.applied = unknownSettings
 }
 
 // Stage makes the session settings target before the next request: target is a query of SET

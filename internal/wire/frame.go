@@ -27,6 +27,7 @@ const (
 	feCopyFail  = 'f'
 
 	beReady        = 'Z'
+	beComplete     = 'C'
 	beError        = 'E'
 	beNotice       = 'N'
 	beNotification = 'A'
@@ -99,6 +100,13 @@ func fatal(body []byte) bool {
 		s = errorField(body, 'S')
 	}
 	return s == "FATAL" || s == "PANIC"
+}
+
+// changesSettings reports whether a CommandComplete body is the tag of a statement that may have
+// changed the session's settings: SET, RESET or DISCARD (the user's own, on a lease).
+func changesSettings(body []byte) bool {
+	return bytes.HasPrefix(body, []byte("SET\x00")) || bytes.HasPrefix(body, []byte("RESET\x00")) ||
+		bytes.HasPrefix(body, []byte("DISCARD"))
 }
 
 // namedParse reports whether a Parse message body creates a named prepared statement.

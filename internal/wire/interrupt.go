@@ -442,6 +442,10 @@ func (c *Conn) skip() (bool, error) {
 			case q.staged:
 				c.failed = true
 			}
+		case beComplete:
+			if !q.staged && changesSettings(body) {
+				c.settingsChangedLocked()
+			}
 		case beCopyIn:
 			if q.cut && !c.copyEnd {
 				c.copyCut = true

@@ -391,6 +391,10 @@ func (c *Conn) ownedLocked(typ byte, body []byte) bool {
 		if !swallow {
 			c.copyIn = true
 		}
+	case beComplete:
+		if !swallow && body != nil && changesSettings(body) {
+			c.settingsChangedLocked()
+		}
 	}
 	return !swallow
 }
