@@ -200,6 +200,11 @@ func (c *Config) Copy() *Config {
 	if c.Config != nil {
 		n.Config = c.Config.Copy()
 	}
+	for _, l := range Lanes() {
+		if s := n.Lane(l).Server; s != nil && s.ConnConfig != nil { // without one, resolve refuses it
+			n.Lane(l).Server = s.Copy()
+		}
+	}
 	return &n
 }
 

@@ -309,3 +309,23 @@ func TestErrorsNameTheParameter(t *testing.T) {
 	assert.Contains(t, err.Error(), "short 20 from Reserved (lane_short_reserved)")
 	assert.Contains(t, err.Error(), "more than MaxConns (pool_max_conns) 4: lower lane_short_reserved, or raise MaxConns (pool_max_conns)")
 }
+
+// Copy is deep: a copy's Long.Server (pgxpool.Config and ConnConfig) can be changed without
+// changing the original, as pgxpool.Config.Copy allows for its own ConnConfig.
+func TestCopyIsDeep(t *testing.T) {
+	c, err := ParseConfig("host=127.0.0.1 pool_max_conns=8")
+	require.NoError(t, err)
+	c.Long.Server, err = pgxpool.ParseConfig("host=replica1 pool_max_conns=3")
+	require.NoError(t, err)
+	n := c.Copy()
+	n.Long.Server.MaxConns = 5
+	n.Long.Server.ConnConfig.Host = "replica2"
+	assert.EqualValues(t, 3, c.Long.Server.MaxConns)
+	assert.Equal(t, "replica1", c.Long.Server.ConnConfig.Host)
+	// A Server not made by ParseConfig is refused by name, not a panic in Copy.
+	c.Long.Server = &pgxpool.Config{MaxConns: 1}
+	assert.NotPanics(t, func() {
+		_, err = NewWithConfig(t.Context(), c)
+		assert.ErrorContains(t, err, "Server must be made by pgxpool.ParseConfig")
+	})
+}
