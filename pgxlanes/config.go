@@ -226,8 +226,12 @@ func ParseConfig(connString string) (*Config, error) {
 		return nil, parseError(err, connString)
 	}
 	c := &Config{Config: pc}
-	if !strings.Contains(connString, "pool_max_conns") {
-		c.MaxConns = defaultPoolSize(pc.MaxConns)
+	// pgxpool took pool_max_conns out of the runtime parameters: read them as pgxpool did (a
+	// service file's included) to tell a size given from pgxpool's default.
+	if cc, err := pgconn.ParseConfig(connString); err == nil {
+		if _, given := cc.RuntimeParams["pool_max_conns"]; !given {
+			c.MaxConns = defaultPoolSize(pc.MaxConns)
+		}
 	}
 	params := pc.ConnConfig.RuntimeParams
 	for _, b := range []struct {

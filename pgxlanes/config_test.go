@@ -1,6 +1,8 @@
 package pgxlanes
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -328,4 +330,27 @@ func TestCopyIsDeep(t *testing.T) {
 		_, err = NewWithConfig(t.Context(), c)
 		assert.ErrorContains(t, err, "Server must be made by pgxpool.ParseConfig")
 	})
+}
+
+// The default size applies unless pool_max_conns is a parameter: the words elsewhere in the
+// connection string (a name, a password) do not count, and a service file's pool_max_conns does,
+// as pgxpool.ParseConfig reads them.
+func TestDefaultPoolSizeOnlyWithoutTheParameter(t *testing.T) {
+	pc, err := pgxpool.ParseConfig("host=127.0.0.1")
+	require.NoError(t, err)
+	for _, dsn := range []string{
+		"host=127.0.0.1 application_name=pool_max_conns_report",
+		"postgres://app:pool_max_conns@127.0.0.1/db",
+		"postgres://app@127.0.0.1/pool_max_conns",
+	} {
+		c, err := ParseConfig(dsn)
+		require.NoError(t, err, dsn)
+		assert.Equal(t, defaultPoolSize(pc.MaxConns), c.MaxConns, dsn)
+	}
+	file := filepath.Join(t.TempDir(), "pg_service.conf")
+	require.NoError(t, os.WriteFile(file, []byte("[orders]\nhost=127.0.0.1\npool_max_conns=3\n"), 0o600))
+	t.Setenv("PGSERVICEFILE", file)
+	c, err := ParseConfig("service=orders")
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, c.MaxConns, "the service file's pool_max_conns is kept")
 }
