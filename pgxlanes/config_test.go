@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -219,6 +220,22 @@ func TestConfigNotFromParseConfig(t *testing.T) {
 			assert.ErrorContains(t, err, "pgxlanes: Config must")
 		})
 	}
+	// A pgxpool.Config built by hand around a parsed ConnConfig, as the pool's or as Long's
+	// Server: pgxpool.NewWithConfig panics on it.
+	cc, err := pgx.ParseConfig("host=127.0.0.1")
+	require.NoError(t, err)
+	assert.NotPanics(t, func() {
+		_, err := NewWithConfig(t.Context(), &Config{Config: &pgxpool.Config{ConnConfig: cc, MaxConns: 4}})
+		assert.ErrorContains(t, err, "pgxlanes: Config must be created by ParseConfig")
+	})
+	c, err := ParseConfig("host=127.0.0.1 pool_max_conns=4")
+	require.NoError(t, err)
+	c.Long.Server = &pgxpool.Config{ConnConfig: cc.Copy(), MaxConns: 2}
+	c.Short.SlowThreshold = Off
+	assert.NotPanics(t, func() {
+		_, err := NewWithConfig(t.Context(), c)
+		assert.ErrorContains(t, err, "long lane: Server must be made by pgxpool.ParseConfig")
+	})
 }
 
 func TestSessionSQL(t *testing.T) {

@@ -3,8 +3,11 @@ package pgxlanes
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgxlanes/pgxlanes/reserve"
 )
@@ -28,7 +31,7 @@ func (c *Config) resolve() (*Config, error) {
 	if c == nil {
 		return nil, errors.New("pgxlanes: Config must not be nil")
 	}
-	if c.Config == nil || c.ConnConfig == nil {
+	if c.Config == nil || c.ConnConfig == nil || !parsedByPgxpool(c.Config) {
 		return nil, errors.New("pgxlanes: Config must be created by ParseConfig (its pgxpool.Config or ConnConfig is nil)")
 	}
 	r := c.Copy()
@@ -209,7 +212,7 @@ func (lc *LaneConfig) check(l Lane, pooler bool) error {
 	if l != Long && lc.Server != nil {
 		return bad("Server", "is Long's alone: Short and Tx carry the writes and unannotated statements, which belong on the primary")
 	}
-	if lc.Server != nil && (lc.Server.ConnConfig == nil || lc.Server.MaxConns < 1) {
+	if lc.Server != nil && (lc.Server.ConnConfig == nil || !parsedByPgxpool(lc.Server) || lc.Server.MaxConns < 1) {
 		return bad("Server", "must be made by pgxpool.ParseConfig, with MaxConns at least 1")
 	}
 	if pooler && lc.FleetMaxConns > 0 {
@@ -224,6 +227,14 @@ func (lc *LaneConfig) check(l Lane, pooler bool) error {
 		}
 	}
 	return nil
+}
+
+// parsedByPgxpool reports whether pc was made by pgxpool.ParseConfig (or copied from one that
+// was), which pgxpool.NewWithConfig requires, and panics without: it reads pgxpool's unexported
+// mark, and says yes if a pgx release has none.
+func parsedByPgxpool(pc *pgxpool.Config) bool {
+	f := reflect.ValueOf(pc).Elem().FieldByName("createdByParseConfig")
+	return !f.IsValid() || f.Kind() != reflect.Bool || f.Bool()
 }
 
 // reserveConfig is the admission configuration of the lanes of one server, of size n; Off
