@@ -104,6 +104,7 @@ func NewWithConfig(ctx context.Context, cfg *Config) (*Pool, error) {
 		return nil, err
 	}
 	p := &Pool{config: cfg, pooler: cfg.TransactionPooler, explicit: explicit}
+	p.status.lockTok = make(chan struct{}, 1)
 	p.obs.logger = cfg.Logger
 	if p.obs.logger == nil {
 		p.obs.logger = slog.Default()

@@ -116,9 +116,11 @@ type statusLog struct {
 	statements [StatusMaxEvents]StatementChange
 	nStmts     int64
 
-	// lockWaits caches the last LockWaits answer for lockWaitsInterval. Guarded by lockMu, which
-	// also makes concurrent viewers wait for one query instead of sending several.
-	lockMu    sync.Mutex
+	// lockWaits caches the last LockWaits answer for lockWaitsInterval. Guarded by lockTok (a
+	// token, held by whoever has it), which also makes concurrent viewers wait for one query
+	// instead of sending several; a viewer waits for the token only as long as its ctx allows, not
+	// for another viewer's round trip on a link that may have stalled.
+	lockTok   chan struct{}
 	lockAt    time.Time
 	lockWaits []LockWait
 	lockErr   error
@@ -235,11 +237,16 @@ const lockWaitsSQL = `select w.pid, coalesce(extract(epoch from now() - w.query_
 // database waiting for a lock, with the sessions holding it, naming the pool's own Tx and Long
 // leases. It runs one query over the guard session (the session that ends leases over budget,
 // outside the lanes), at most once a second: a call within a second of the last query gets that
-// answer. ctx bounds the wait for the guard session and the query.
+// answer. ctx bounds the wait for the guard session and the query, and for another call's query
+// under way (the caller gets ctx's error rather than wait for that call's round trip).
 func (p *Pool) LockWaits(ctx context.Context) ([]LockWait, error) {
 	s := &p.status
-	s.lockMu.Lock()
-	defer s.lockMu.Unlock()
+	select {
+	case s.lockTok <- struct{}{}:
+	case <-ctx.Done():
+		return nil, errors.Join(errors.New("pgxlanes: lock waits unknown: another LockWaits is under way"), ctx.Err())
+	}
+	defer func() { <-s.lockTok }()
 	if !s.lockAt.IsZero() && time.Since(s.lockAt) < lockWaitsInterval {
 		return slices.Clone(s.lockWaits), s.lockErr
 	}
