@@ -175,5 +175,9 @@ func TestKeyCacheHoldsManyStatements(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d statements cached", cached, len(texts))
-	assert.GreaterOrEqual(t, cached, len(texts)*95/100)
+	// Almost always all of them; where the texts' addresses crowd a few sets (it depends on where
+	// the allocator put them), fewer: 958 in one full run of the package with -race. A cache that
+	// keeps fewer than 90 % has lost what its four ways are for: direct-mapped, it kept about 60 %,
+	// and with one remembered miss per place of a set (not the last four of the set) 87 %.
+	assert.GreaterOrEqual(t, cached, len(texts)*90/100)
 }
