@@ -149,8 +149,9 @@ type Config struct {
 
 	// CancelGrace bounds the cleaning of a connection whose request was ended early (the caller's
 	// ctx ended, or the guard cancelled it): the server must answer the cancel request and
-	// finish within it, or the connection is closed. The caller never waits for it; the lane slot
-	// stays held until it is done. Default 2s.
+	// finish within it, or the connection is closed. The caller never waits for it (but for
+	// Conn.Conn and Tx.Conn over TLS, which wait for it before they hand out the *pgx.Conn); the
+	// lane slot stays held until it is done. Default 2s.
 	CancelGrace time.Duration
 
 	// Logger receives the pool's log lines (budget actions, lock holders, learned statements).
