@@ -212,6 +212,16 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// A lane cap of 0 in a connection string is Off there, which a cap cannot be: the error says so
+// in the DSN's terms, and how to get the default (leave the parameter out).
+func TestLaneCapZeroInDSN(t *testing.T) {
+	_, err := New(t.Context(), "host=127.0.0.1 pool_max_conns=8 lane_short_max_conns=0")
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "short lane: MaxConns (lane_short_max_conns) cannot be Off (0 in a connection string)")
+	assert.ErrorContains(t, err, "leave it out")
+	assert.NotContains(t, err.Error(), "zero gives the default", "zero in the DSN is what was refused")
+}
+
 // A Config not made by ParseConfig gets an error, never a panic (pgxpool panics).
 func TestConfigNotFromParseConfig(t *testing.T) {
 	for _, c := range []*Config{nil, {}, {Config: &pgxpool.Config{}}} {

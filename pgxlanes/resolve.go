@@ -189,7 +189,7 @@ func (lc *LaneConfig) check(l Lane, pooler bool) error {
 		}
 	}
 	if lc.MaxConns == Off {
-		return bad("MaxConns", "cannot be Off: a lane needs a cap of at least 1 (zero gives the default)")
+		return bad("MaxConns", "cannot be Off (0 in a connection string): a lane needs a cap of at least 1; leave it out (zero in a LaneConfig) for the default")
 	}
 	if err := lc.checkPriority(l, bad); err != nil {
 		return err
