@@ -359,15 +359,8 @@ func fleetSides(t *testing.T, admin *pgx.Conn) {
 // seconds, as pgxpool's Close does on a stalled server, and the caller gets ErrClosed: Close does
 // not wait for the caller's ctx to end the take's round trip.
 func TestFleetCloseDoesNotWaitOnAStalledTake(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	bg := context.Background()
-	dsn := newDB(t, 1)
-	admin, err := pgx.Connect(bg, dsn)
-	require.NoError(t, err)
-	defer admin.Close(bg)
-	proxy := pgserver.NewProxy(t, dsn)
-	defer func() { require.NoError(t, proxy.Normal()) }()
+	admin, proxy := behindProxy(t)
 	p, err := pgxlanes.New(bg, withParams(proxy.DSN(), "pool_max_conns=4&lane_long_max_conns=2&lane_long_reserved=2&lane_long_fleet_max_conns=1&lane_long_acquire_timeout=2m"))
 	require.NoError(t, err)
 	fleetSides(t, admin)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
@@ -45,6 +46,30 @@ func newDB(t testing.TB, n int) string {
 		t.Fatal(err)
 	}
 	return dsn
+}
+
+// behindProxy is the set-up of a test that stalls a pool's link: goleak checked once the test and
+// its clean-ups are done, a fresh database (newDB with 1 row), an admin connection to it that
+// does not go through the proxy, and a proxy in front of it whose link is back to normal at the
+// end. The pool under test connects to proxy.DSN().
+func behindProxy(t *testing.T) (admin *pgx.Conn, proxy *pgserver.Proxy) {
+	t.Helper()
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	bg := context.Background()
+	dsn := newDB(t, 1)
+	admin, err := pgx.Connect(bg, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(bg) })
+	proxy = pgserver.NewProxy(t, dsn)
+	t.Cleanup(func() {
+		if err := proxy.Normal(); err != nil {
+			t.Error(err)
+		}
+	})
+	return admin, proxy
 }
 
 func newLanes(t testing.TB, dsn, params string) *pgxlanes.Pool {

@@ -5,13 +5,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/pgxlanes/pgxlanes/internal/faultproxy"
-	"github.com/pgxlanes/pgxlanes/internal/pgserver"
 	"github.com/pgxlanes/pgxlanes/pgxlanes"
 )
 
@@ -20,15 +17,8 @@ import (
 // (another viewer of the status page) waits for it only as long as its own ctx allows: it returns
 // with its ctx's error at its deadline, not when the first caller's round trip ends.
 func TestLockWaitsSecondCallerKeepsItsContext(t *testing.T) {
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
 	bg := context.Background()
-	dsn := newDB(t, 1)
-	admin, err := pgx.Connect(bg, dsn)
-	require.NoError(t, err)
-	defer admin.Close(bg)
-	proxy := pgserver.NewProxy(t, dsn)
-	defer func() { require.NoError(t, proxy.Normal()) }()
+	admin, proxy := behindProxy(t)
 	p, err := pgxlanes.New(bg, withParams(proxy.DSN(), "pool_max_conns=4"))
 	require.NoError(t, err)
 	defer p.Close()
