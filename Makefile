@@ -41,7 +41,7 @@ test: vet
 # The fuzz targets of internal/wire (the protocol under pgconn), $(FUZZTIME) inputs each; the seed
 # corpus and testdata/fuzz run in every go test.
 fuzz:
-	@set -e; for f in FuzzInterrupt FuzzWriteFraming; do \
+	@set -e; for f in FuzzInterrupt FuzzWriteFraming FuzzCutPrepare; do \
 		echo "== go test -fuzz $$f -fuzztime $(FUZZTIME) ./internal/wire"; \
 		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./internal/wire; \
 	done

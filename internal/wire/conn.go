@@ -71,9 +71,12 @@ type request struct {
 	// cut: a request of pgconn's that an interrupt ended early. pgconn was handed a synthetic end
 	// of it; the server's replies are dropped, its notices and a FATAL excepted.
 	cut bool
-	// mutates: it creates or closes named prepared statements, whose server state pgconn can no
-	// longer know if the request is ended early.
+	// mutates: it closes named prepared statements (or creates one whose name wire did not see
+	// whole), whose server state pgconn can no longer know if the request is ended early.
 	mutates bool
+	// parsed: the named prepared statements it creates. pgx takes a request that failed to have
+	// created none: if it is cut, the drain closes them (Conn.undo).
+	parsed []string
 }
 
 // swallow reports whether the request's replies are dropped.
@@ -136,9 +139,11 @@ type Conn struct {
 	hdr        [headerLen]byte // the start of a message header split across writes
 	nhdr       int             // bytes of it in hdr
 	extOpen    bool            // extended-protocol messages were written since the last Sync
-	extMutates bool            // and one of them creates or closes a named prepared statement
+	extMutates bool            // and one closes a named statement, or creates one whose name is not whole
 	extCloses  bool            // and one of them closes a statement or portal
+	extParsed  []string        // and these are the named statements their Parses create
 	mutated    bool            // a drained or dropped request had mutates set
+	undo       []string        // statements created by drained requests, for the drain to close
 
 	// drop: pgconn's writes are dropped until it starts a new request: the rest of a request an
 	// interrupt ended before it was sent (its synthetic end is in out), or the copy data of a cut
@@ -512,15 +517,22 @@ func (c *Conn) noteLocked(typ byte, size int, body []byte, sent bool) {
 	case feSync:
 		// A dropped request that closes a statement is one pgx may believe done; one that only
 		// prepares failed for pgx as for the server, which never saw it.
-		c.endRequestLocked(request{mutates: c.extMutates}, sent, c.extCloses)
-		c.extOpen, c.extMutates, c.extCloses = false, false, false
+		c.endRequestLocked(request{mutates: c.extMutates, parsed: c.extParsed}, sent, c.extCloses)
+		c.extOpen, c.extMutates, c.extCloses, c.extParsed = false, false, false, nil
 	case feParse:
 		c.extOpen = true
 		// A name not in this write is taken to be there: pgconn never splits a header.
 		if size > headerLen && (len(body) == 0 || namedParse(body)) {
-			c.extMutates = true
+			if name, ok := parseName(body); ok {
+				c.extParsed = append(c.extParsed, name)
+			} else {
+				c.extMutates = true
+			}
 		}
 	case feClose:
+		// A cut Close breaks the Conn: pgx may believe the statement is still there, and
+		// pgconn's Deallocate returns at the synthetic ErrorResponse, leaving its
+		// ReadyForQuery unread for the next call to take as its own.
 		c.extOpen, c.extMutates, c.extCloses = true, true, true
 	case feBind, feDescribe, feExecute, feFlush:
 		c.extOpen = true
@@ -547,7 +559,7 @@ func (c *Conn) endRequestLocked(q request, sent, closes bool) {
 		if c.st == stateDraining {
 			c.mutated = true
 		} else {
-			c.breakLocked(fmt.Errorf("%w: it created or closed a named prepared statement", errBroken))
+			c.breakLocked(fmt.Errorf("%w: it closed a named prepared statement", errBroken))
 		}
 	}
 }

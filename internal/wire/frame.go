@@ -112,6 +112,28 @@ func changesSettings(body []byte) bool {
 // namedParse reports whether a Parse message body creates a named prepared statement.
 func namedParse(body []byte) bool { return len(body) > 0 && body[0] != 0 }
 
+// parseName returns the statement name at the start of a Parse message's body, if the body
+// holds all of it.
+func parseName(body []byte) (string, bool) {
+	i := bytes.IndexByte(body, 0)
+	if i < 0 {
+		return "", false
+	}
+	return string(body[:i]), true
+}
+
+// appendCloseStatements appends a Close of each named statement and a Sync.
+func appendCloseStatements(b []byte, names []string) []byte {
+	for _, n := range names {
+		b = append(b, feClose)
+		b = binary.BigEndian.AppendUint32(b, uint32(4+1+len(n)+1))
+		b = append(b, 'S')
+		b = append(b, n...)
+		b = append(b, 0)
+	}
+	return append(b, feSync, 0, 0, 0, 4)
+}
+
 // appendCopyFail appends a CopyFail message with the given reason.
 func appendCopyFail(b []byte, reason string) []byte {
 	b = append(b, feCopyFail)

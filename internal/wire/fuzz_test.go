@@ -29,6 +29,8 @@ type memConn struct {
 	deadline time.Time
 	timer    *time.Timer
 	closed   bool
+	// respond, if set, is the server's answer to each write: chunks queued at once.
+	respond func(b []byte) [][]byte
 }
 
 func newMemConn() *memConn {
@@ -73,6 +75,12 @@ func (c *memConn) Write(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	c.sent.Write(b)
+	if c.respond != nil {
+		if r := c.respond(b); len(r) > 0 {
+			c.chunks = append(c.chunks, r...)
+			c.cond.Broadcast()
+		}
+	}
 	return len(b), nil
 }
 

@@ -269,6 +269,13 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 			err = nil // not answered yet: cancel again
 		}
 	}
+	// The named statements the cut requests created, or may have: pgx takes them as not
+	// created (a Prepare that fails is not cached; a batch's are invalidated), and would fail
+	// to prepare them again under the same name. They are closed (closing one the server does
+	// not have is no error), so that the session has what pgx believes.
+	if undo := c.takeUndo(); ok && err == nil && acked && len(undo) > 0 {
+		ok, err = c.closeStatements(deadline, undo)
+	}
 
 	c.mu.Lock()
 	mutated := c.mutatedLocked()
@@ -286,7 +293,7 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 		case !acked:
 			err = fmt.Errorf("%w: the server did not acknowledge the cancel request", errBroken)
 		case mutated:
-			err = fmt.Errorf("%w: it created or closed a named prepared statement", errBroken)
+			err = fmt.Errorf("%w: it closed a named prepared statement", errBroken)
 		case c.failed:
 			err = fmt.Errorf("%w: a staged session setting failed", errBroken)
 		default:
@@ -304,6 +311,28 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 	}
 }
 
+// takeUndo returns the statements to close, and forgets them.
+func (c *Conn) takeUndo() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	undo := c.undo
+	c.undo = nil
+	return undo
+}
+
+// closeStatements closes the named statements, as a request of wire's own whose replies the
+// drain drops (an error in it means the session is not what pgx believes), and reads until it
+// is answered.
+func (c *Conn) closeStatements(deadline time.Time, names []string) (bool, error) {
+	c.mu.Lock()
+	c.reqs = append(c.reqs, request{staged: true})
+	c.mu.Unlock()
+	if err := c.writeOwn(deadline, appendCloseStatements(nil, names)); err != nil {
+		return false, err
+	}
+	return c.read(deadline)
+}
+
 // takeCopyCut reports whether the server waits for the data of a cut COPY.
 func (c *Conn) takeCopyCut() bool {
 	c.mu.Lock()
@@ -315,7 +344,11 @@ func (c *Conn) takeCopyCut() bool {
 
 // writeCopyFail ends a cut COPY FROM STDIN: the server answers with an error and a ReadyForQuery.
 func (c *Conn) writeCopyFail(deadline time.Time) error {
-	msg := appendCopyFail(nil, copyFailMessage)
+	return c.writeOwn(deadline, appendCopyFail(nil, copyFailMessage))
+}
+
+// writeOwn writes messages of the drain's own, by the deadline.
+func (c *Conn) writeOwn(deadline time.Time, msg []byte) error {
 	c.smu.Lock()
 	defer c.smu.Unlock()
 	_ = c.Conn.SetWriteDeadline(deadline)
@@ -457,6 +490,9 @@ func (c *Conn) skip() (bool, error) {
 			if q.mutates {
 				c.mutated = true
 			}
+			if q.cut {
+				c.undo = append(c.undo, q.parsed...)
+			}
 			c.popLocked()
 		}
 		c.r += size
@@ -476,7 +512,7 @@ func keepable(typ byte, q request) bool {
 	return false
 }
 
-// mutatedLocked reports whether a drained request created or closed named prepared statements.
+// mutatedLocked reports whether a drained request closed named prepared statements (or created one wire did not see whole).
 // Caller must hold c.mu.
 func (c *Conn) mutatedLocked() bool {
 	m := c.mutated

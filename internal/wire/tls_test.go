@@ -162,7 +162,7 @@ func TestLiveOverTLS(t *testing.T) {
 		{"RowsInterruptedMidStream", TestRowsInterruptedMidStream},
 		{"TransactionAbortedThenRolledBack", TestTransactionAbortedThenRolledBack},
 		{"BatchInterrupted", TestBatchInterrupted},
-		{"NamedPrepareInterruptedBreaks", TestNamedPrepareInterruptedBreaks},
+		{"NamedPrepareInterruptedIsUndone", TestNamedPrepareInterruptedIsUndone},
 		{"WaitForNotificationTimesOutAndKeepsSession", TestWaitForNotificationTimesOutAndKeepsSession},
 		{"CopyInterruptedKeepsSession", TestCopyInterruptedKeepsSession},
 		{"DescheduledWriteKeepsSession", TestDescheduledWriteKeepsSession},

@@ -3,6 +3,7 @@ package wire_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
@@ -244,9 +245,12 @@ func TestBatchInterrupted(t *testing.T) {
 	}
 }
 
-// A Parse that creates a named statement and is ended early leaves the server's statements
-// unknown to pgx (the next Prepare of the name would fail with 42P05), so the Conn breaks.
-func TestNamedPrepareInterruptedBreaks(t *testing.T) {
+// A request that creates a named statement and is ended early leaves pgx believing it has no
+// such statement, whether or not the server created it; the drain closes it, so that the session
+// is kept and the next Prepare of the name succeeds (without the Close it fails with 42P05).
+// Two cuts: one in the Parse itself (its parse analysis waits for a lock), one after the server
+// created the statement (in the same request, a statement that sleeps).
+func TestNamedPrepareInterruptedIsUndone(t *testing.T) {
 	dsn := liveDatabase(t)
 	c, w := connect(t, dsn, pgx.QueryExecModeCacheStatement)
 	bg := context.Background()
@@ -260,15 +264,56 @@ func TestNamedPrepareInterruptedBreaks(t *testing.T) {
 	defer tx.Rollback(bg) //nolint:errcheck
 	_, err = tx.Exec(bg, "lock table locked in access exclusive mode")
 	require.NoError(t, err)
+	before := pid(t, c)
 
 	ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
 	_, err = c.Prepare(ctx, "slow", "select * from locked") // parse analysis waits for the lock
 	cancel()
 	require.Error(t, err)
-	ctxw, cancelw := context.WithTimeout(bg, 5*time.Second)
-	defer cancelw()
-	require.NoError(t, w.Wait(ctxw))
-	assert.True(t, w.Broken(), "a named Parse ended early must break the connection")
+	waitClean(t, w)
+	require.NoError(t, tx.Rollback(bg))
+	_, err = c.Prepare(bg, "slow", "select * from locked")
+	require.NoError(t, err)
+	_, err = c.Exec(bg, "slow")
+	require.NoError(t, err)
+
+	// The server creates the statement and then sleeps, in one request: the cut comes after
+	// the statement exists. Outside a transaction, and inside one, which the cut aborts.
+	for _, inTx := range []bool{false, true} {
+		name := fmt.Sprintf("made_%v", inTx)
+		if inTx {
+			_, err = c.Exec(bg, "begin")
+			require.NoError(t, err)
+		}
+		ctx, cancel = context.WithTimeout(bg, 100*time.Millisecond)
+		pl := c.PgConn().StartPipeline(ctx)
+		pl.SendPrepare(name, "select 2", nil)
+		pl.SendQueryParams("select pg_sleep(5)", nil, nil, nil, nil)
+		require.NoError(t, pl.Sync())
+		var perr error
+		for perr == nil {
+			_, perr = pl.GetResults()
+		}
+		_ = pl.Close()
+		cancel()
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, perr, &pgErr)
+		require.Equal(t, "57014", pgErr.Code)
+		waitClean(t, w)
+		require.False(t, w.Broken(), "in a transaction: %v", inTx)
+		if inTx {
+			require.Equal(t, byte('E'), c.PgConn().TxStatus())
+			_, err = c.Exec(bg, "rollback")
+			require.NoError(t, err)
+		}
+		var n int
+		require.NoError(t, c.QueryRow(bg, "select count(*) from pg_prepared_statements where name = $1", name).Scan(&n))
+		assert.Zero(t, n, "the statement the cut request created is closed (in a transaction: %v)", inTx)
+		_, err = c.Prepare(bg, name, "select 2")
+		require.NoError(t, err, "the name is free again")
+	}
+	assert.Equal(t, before, pid(t, c), "the session was kept")
+	assert.False(t, w.Broken())
 }
 
 func TestWaitForNotificationTimesOutAndKeepsSession(t *testing.T) {

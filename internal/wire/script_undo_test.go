@@ -1,0 +1,177 @@
+package wire_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/stretchr/testify/require"
+)
+
+// A request cut after the server created its named statements: the drain closes them, in one
+// request of its own, before the Conn is ready again.
+
+// prepare runs pgconn's Prepare of name in the background; the server reads its Parse,
+// Describe and Sync.
+func (s *script) prepare(ctx context.Context, name, sql string) <-chan execResult {
+	s.t.Helper()
+	ch := make(chan execResult, 1)
+	go func() {
+		_, err := s.pc.Prepare(ctx, name, sql, nil)
+		ch <- execResult{err: err}
+	}()
+	p, ok := s.recv().(*pgproto3.Parse)
+	require.True(s.t, ok, "want a Parse")
+	require.Equal(s.t, name, p.Name)
+	_, ok = s.recv().(*pgproto3.Describe)
+	require.True(s.t, ok, "want a Describe")
+	_, ok = s.recv().(*pgproto3.Sync)
+	require.True(s.t, ok, "want a Sync")
+	return ch
+}
+
+// expectClose reads the drain's Close of each name and its Sync.
+func (s *script) expectClose(names ...string) {
+	s.t.Helper()
+	for _, n := range names {
+		m := s.recv()
+		c, ok := m.(*pgproto3.Close)
+		require.True(s.t, ok, "want a Close, got %T %+v", m, m)
+		require.Equal(s.t, byte('S'), c.ObjectType)
+		require.Equal(s.t, n, c.Name)
+	}
+	m := s.recv()
+	_, ok := m.(*pgproto3.Sync)
+	require.True(s.t, ok, "want a Sync, got %T", m)
+}
+
+// cutPrepare cuts a Prepare of name after the server created the statement (its ParseComplete
+// sent, the Describe's reply not), in a session whose transaction status is tx.
+func (s *script) cutPrepare(name string, tx byte) {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.prepare(ctx, name, "select 1")
+	s.send(&pgproto3.ParseComplete{})
+	cancel()
+	requireCanceled(s.t, result(s.t, ch).err)
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: tx})
+}
+
+func TestScriptCutPrepareIsClosed(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	s.cutPrepare("stmtcache_1", 'I')
+	s.expectClose("stmtcache_1")
+	s.send(&pgproto3.CloseComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	s.roundTrip()
+}
+
+// In a transaction that the cut aborted, the Close is sent as well (PostgreSQL takes a Close
+// message in a failed transaction block), and the Conn is kept: pgconn was told 'E'.
+func TestScriptCutPrepareInAbortedTransactionIsClosed(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ch := s.exec(context.Background(), "begin")
+	require.Equal(t, "begin", s.expectQuery())
+	s.send(&pgproto3.CommandComplete{CommandTag: []byte("BEGIN")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
+	require.NoError(t, result(t, ch).firstErr())
+	s.cutPrepare("stmtcache_2", 'E')
+	s.expectClose("stmtcache_2")
+	s.send(&pgproto3.CloseComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'E'})
+	require.NoError(t, s.waitClean())
+	require.Equal(t, byte('E'), s.pc.TxStatus())
+}
+
+// Several named Parses in one cut request (a batch's prepares): all closed, in one request.
+func TestScriptCutPipelineClosesEveryStatement(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		pl := s.pc.StartPipeline(ctx)
+		pl.SendPrepare("a", "select 1", nil)
+		pl.SendPrepare("b", "select 2", nil)
+		err := pl.Sync()
+		for err == nil {
+			_, err = pl.GetResults()
+		}
+		_ = pl.Close()
+		done <- err
+	}()
+	for _, want := range []string{"a", "b"} {
+		p, ok := s.recv().(*pgproto3.Parse)
+		require.True(t, ok)
+		require.Equal(t, want, p.Name)
+		_, ok = s.recv().(*pgproto3.Describe)
+		require.True(t, ok)
+	}
+	_, ok := s.recv().(*pgproto3.Sync)
+	require.True(t, ok)
+	s.send(&pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{}, &pgproto3.ParseComplete{})
+	cancel()
+	select {
+	case err := <-done:
+		require.Error(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pipeline did not return")
+	}
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	s.expectClose("a", "b")
+	s.send(&pgproto3.CloseComplete{}, &pgproto3.CloseComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	s.roundTrip()
+}
+
+// A Close the server refuses leaves the session unknown: the Conn breaks.
+func TestScriptCutPrepareCloseRefusedBreaks(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	s.cutPrepare("stmtcache_3", 'I')
+	s.expectClose("stmtcache_3")
+	s.send(&pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "XX000", Message: "no"},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.Error(t, s.waitClean())
+	require.True(t, s.w.Broken())
+}
+
+// A Close the server does not answer within the grace breaks the Conn.
+func TestScriptCutPrepareCloseUnansweredBreaks(t *testing.T) {
+	opts := scriptOptions
+	opts.Grace = 300 * time.Millisecond
+	s := newScript(t, opts)
+	s.cutPrepare("stmtcache_4", 'I')
+	s.expectClose("stmtcache_4")
+	require.Error(t, s.waitClean())
+	require.True(t, s.w.Broken())
+}
+
+// A request that only names statements it does not create (Bind and Execute of a prepared one)
+// needs no Close.
+func TestScriptCutExecuteOfPreparedClosesNothing(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ch := s.prepare(context.Background(), "p", "select 1")
+	s.send(&pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, result(t, ch).err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.pc.ExecPrepared(ctx, "p", nil, nil, nil).Close()
+		done <- err
+	}()
+	for range 4 { // Bind, Describe portal, Execute, Sync
+		s.recv()
+	}
+	cancel()
+	select {
+	case err := <-done:
+		requireCanceled(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the call did not return")
+	}
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	s.roundTrip() // the next message is the round trip's Query, not a Close
+}
