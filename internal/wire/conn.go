@@ -74,9 +74,18 @@ type request struct {
 	// mutates: it closes named prepared statements (or creates one whose name wire did not see
 	// whole), whose server state pgconn can no longer know if the request is ended early.
 	mutates bool
-	// parsed: the named prepared statements it creates. pgx takes a request that failed to have
-	// created none: if it is cut, the drain closes them (Conn.undo).
-	parsed []string
+	// parsed: the named prepared statements it creates, and parseDone the ParseCompletes read
+	// of it so far (the server answers its Parses in order, and skips the rest after an error).
+	// pgx takes a request that failed to have created none: if it is cut, the drain closes those
+	// the server created (Conn.undo).
+	parsed    []parseRef
+	parseDone int
+}
+
+// parseRef is a named Parse of a request: ord is its place among the request's Parses.
+type parseRef struct {
+	ord  int
+	name string
 }
 
 // swallow reports whether the request's replies are dropped.
@@ -141,7 +150,8 @@ type Conn struct {
 	extOpen    bool            // extended-protocol messages were written since the last Sync
 	extMutates bool            // and one closes a named statement, or creates one whose name is not whole
 	extCloses  bool            // and one of them closes a statement or portal
-	extParsed  []string        // and these are the named statements their Parses create
+	extParsed  []parseRef      // and these are the named statements their Parses create
+	extParses  int             // and this many Parses, named or not
 	mutated    bool            // a drained or dropped request had mutates set
 	undo       []string        // statements created by drained requests, for the drain to close
 
@@ -518,13 +528,15 @@ func (c *Conn) noteLocked(typ byte, size int, body []byte, sent bool) {
 		// A dropped request that closes a statement is one pgx may believe done; one that only
 		// prepares failed for pgx as for the server, which never saw it.
 		c.endRequestLocked(request{mutates: c.extMutates, parsed: c.extParsed}, sent, c.extCloses)
-		c.extOpen, c.extMutates, c.extCloses, c.extParsed = false, false, false, nil
+		c.extOpen, c.extMutates, c.extCloses, c.extParsed, c.extParses = false, false, false, nil, 0
 	case feParse:
 		c.extOpen = true
+		ord := c.extParses
+		c.extParses++
 		// A name not in this write is taken to be there: pgconn never splits a header.
 		if size > headerLen && (len(body) == 0 || namedParse(body)) {
 			if name, ok := parseName(body); ok {
-				c.extParsed = append(c.extParsed, name)
+				c.extParsed = append(c.extParsed, parseRef{ord: ord, name: name})
 			} else {
 				c.extMutates = true
 			}

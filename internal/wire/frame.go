@@ -34,6 +34,7 @@ const (
 	beParamStatus  = 'S'
 	beCopyIn       = 'G'
 	beDataRow      = 'D'
+	beParseDone    = '1' // ParseComplete
 )
 
 // header returns the type and total size (type byte included) of the message at the start of b,

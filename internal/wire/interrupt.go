@@ -269,10 +269,11 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 			err = nil // not answered yet: cancel again
 		}
 	}
-	// The named statements the cut requests created, or may have: pgx takes them as not
-	// created (a Prepare that fails is not cached; a batch's are invalidated), and would fail
-	// to prepare them again under the same name. They are closed (closing one the server does
-	// not have is no error), so that the session has what pgx believes.
+	// The named statements the cut requests created (their ParseComplete read, by pgconn or
+	// by the drain): pgx takes them as not created (a Prepare that fails is not cached; a
+	// batch's are invalidated), and would fail to prepare them again under the same name. They
+	// are closed, so that the session has what pgx believes. A Parse the server refused (its
+	// name taken: a statement pgx may know) gets no Close.
 	if undo := c.takeUndo(); ok && err == nil && acked && len(undo) > 0 {
 		ok, err = c.closeStatements(deadline, undo)
 	}
@@ -479,6 +480,8 @@ func (c *Conn) skip() (bool, error) {
 			if !q.staged && changesSettings(body) {
 				c.settingsChangedLocked()
 			}
+		case beParseDone:
+			c.parseDoneLocked()
 		case beCopyIn:
 			if q.cut && !c.copyEnd {
 				c.copyCut = true
@@ -490,8 +493,12 @@ func (c *Conn) skip() (bool, error) {
 			if q.mutates {
 				c.mutated = true
 			}
-			if q.cut {
-				c.undo = append(c.undo, q.parsed...)
+			if q = c.reqs[0]; q.cut {
+				for _, p := range q.parsed {
+					if p.ord < q.parseDone { // the server created it
+						c.undo = append(c.undo, p.name)
+					}
+				}
 			}
 			c.popLocked()
 		}

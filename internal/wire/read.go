@@ -346,6 +346,14 @@ func (c *Conn) deliverLocked(p []byte) int {
 	return n
 }
 
+// parseDoneLocked counts a ParseComplete of the oldest request, if it created named statements.
+// Caller must hold c.mu.
+func (c *Conn) parseDoneLocked() {
+	if len(c.reqs[0].parsed) > 0 {
+		c.reqs[0].parseDone++
+	}
+}
+
 // rowsOwnedLocked reports whether a DataRow from the server now is pgconn's, as ownedLocked would
 // say (and it would change nothing): a row never ends a request. Caller must hold c.mu.
 func (c *Conn) rowsOwnedLocked() bool {
@@ -391,6 +399,8 @@ func (c *Conn) ownedLocked(typ byte, body []byte) bool {
 		if !swallow {
 			c.copyIn = true
 		}
+	case beParseDone:
+		c.parseDoneLocked()
 	case beComplete:
 		if !swallow && body != nil && changesSettings(body) {
 			c.settingsChangedLocked()

@@ -175,3 +175,18 @@ func TestScriptCutExecuteOfPreparedClosesNothing(t *testing.T) {
 	require.NoError(t, s.waitClean())
 	s.roundTrip() // the next message is the round trip's Query, not a Close
 }
+
+// A Prepare cut before the server created the statement (its Parse refused: the name is taken,
+// by a statement pgx may know) gets no Close: the next message is the round trip's Query.
+func TestScriptCutPrepareRefusedClosesNothing(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.prepare(ctx, "taken", "select 1")
+	cancel()
+	requireCanceled(t, result(t, ch).err)
+	s.awaitCancel()
+	s.send(&pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "42P05", Message: `prepared statement "taken" already exists`},
+		&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	s.roundTrip()
+}
