@@ -46,6 +46,11 @@ type Options struct {
 	// direct connection to PostgreSQL, which signals the backend before it acknowledges; a pooler
 	// may acknowledge before it forwards the cancel.
 	Settle time.Duration
+	// ReplyWait is how long a drain waits for the reply of a cut request before it sends a
+	// cancel request (0: 2 ms). A statement of a millisecond, cut by a deadline that ended as
+	// its connection was handed over, needs none: a cancel request costs the server a process
+	// (PostgreSQL forks one for each), and the drain a round trip.
+	ReplyWait time.Duration
 	// NoCancel turns cancel requests off (a pooler that cannot take them): a drain then waits for
 	// the request to end by itself, within Grace.
 	NoCancel bool

@@ -226,6 +226,9 @@ func (c *Conn) consumeLocked() error {
 	return nil
 }
 
+// defaultReplyWait is Options.ReplyWait's default.
+const defaultReplyWait = 2 * time.Millisecond
+
 // copyFailMessage is the reason a drain gives the server when it ends a cut COPY.
 const copyFailMessage = "pgxlanes: the caller's context ended"
 
@@ -241,6 +244,21 @@ const copyFailMessage = "pgxlanes: the caller's context ended"
 // and each cancel is acknowledged (the backend signalled) before the next read.
 func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 	ok, err := c.skip() // what is already buffered may end it all
+	if !ok && err == nil {
+		// A request cut a moment before its reply needs no cancel request (Options.ReplyWait).
+		wait := c.opts.ReplyWait
+		if wait <= 0 {
+			wait = defaultReplyWait
+		}
+		until := time.Now().Add(wait)
+		if deadline.Before(until) {
+			until = deadline
+		}
+		ok, err = c.read(until)
+		if err != nil && isTimeout(err) && time.Now().Before(deadline) {
+			err = nil
+		}
+	}
 	acked := true
 	copyFailed := false
 	for wait := 20 * time.Millisecond; !ok && err == nil; wait = min(2*wait, 250*time.Millisecond) {

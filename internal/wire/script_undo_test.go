@@ -190,3 +190,38 @@ func TestScriptCutPrepareRefusedClosesNothing(t *testing.T) {
 	require.NoError(t, s.waitClean())
 	s.roundTrip()
 }
+
+// A cut request whose reply comes within Options.ReplyWait needs no cancel request: the drain
+// reads the reply and the Conn is clean, no cancel sent. One whose reply does not come gets
+// its cancel after ReplyWait.
+func TestScriptCutReplyWithinReplyWaitSendsNoCancel(t *testing.T) {
+	opts := scriptOptions
+	opts.ReplyWait = 10 * time.Second // longer than the test: the reply always comes first
+	s := newScript(t, opts)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := s.exec(ctx, "select 1")
+	require.Equal(t, "select 1", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	select { // a drain that does not wait sends its cancel at once
+	case <-s.cancel:
+		t.Fatal("a cancel request before the reply could come")
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.answer('I', "1")
+	require.NoError(t, s.waitClean())
+	s.mu.Lock()
+	require.Zero(t, s.cancels, "a cancel request for a request whose reply came")
+	s.mu.Unlock()
+	s.roundTrip()
+
+	s = newScript(t, scriptOptions) // the default, 2 ms
+	ctx, cancel = context.WithCancel(context.Background())
+	ch = s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	s.awaitCancel()
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+}
