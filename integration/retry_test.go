@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -363,10 +364,13 @@ func sumMap(m map[string]int) int {
 // TestRetryCommitOutcomeUnknown: the connection is lost while COMMIT is in flight, after the
 // server committed. RetryTx returns ErrRetryCommitUnknown after one attempt and does not retry:
 // a retry would have applied the transfer twice. The caller then calls again with the same
-// idempotency key, which finds the transfer applied and changes nothing.
+// idempotency key, which finds the transfer applied and changes nothing. The COMMIT is RetryTx's
+// own, or fn's (fn commits and returns Commit's error: with pgxpool, pgx's "conn closed", which
+// pgconn marks safe to retry, was retried before RetryTx took fn's error for a Commit's).
 func TestRetryCommitOutcomeUnknown(t *testing.T) {
-	for _, which := range []string{"pgxlanes", "pgxpool"} {
-		t.Run(which, func(t *testing.T) {
+	for _, mode := range []string{"pgxlanes", "pgxpool", "pgxlanes/fn commits", "pgxpool/fn commits"} {
+		which, fnCommits := strings.TrimSuffix(mode, "/fn commits"), strings.HasSuffix(mode, "/fn commits")
+		t.Run(mode, func(t *testing.T) {
 			dsn := newBank(t, 2)
 			proxy := pgserver.NewProxy(t, dsn)
 			counts := &retryCounts{}
@@ -391,6 +395,9 @@ func TestRetryCommitOutcomeUnknown(t *testing.T) {
 				// is then reset.
 				require.NoError(t, proxy.SetBlackhole(faultproxy.Downstream, true))
 				time.AfterFunc(300*time.Millisecond, func() { proxy.Reset(); _ = proxy.Normal() })
+				if fnCommits {
+					return tx.Commit(ctx)
+				}
 				return nil
 			})
 			require.Error(t, err)
@@ -688,16 +695,22 @@ func TestRetryCommitTerminatedIsUnknown(t *testing.T) {
 		t.Logf("Commit: %v", err)
 		require.ErrorIs(t, err, pgxlanes.ErrCommitOutcomeUnknown)
 	})
+	// pgxpool beside: pgx's Commit returns the server's FATAL as it is, which RetryTx must not
+	// take for an answer (with 57P01 listed it retried before).
+	pp := newPgxpool(t, dsn, "")
 	for _, tc := range []struct {
 		name  string
+		db    pgxlanes.Beginner
 		codes []string
 	}{
-		{"default codes", nil},
-		{"57P01 listed", append(pgxlanes.DefaultRetryCodes(), "57P01")},
+		{"default codes", p, nil},
+		{"57P01 listed", p, append(pgxlanes.DefaultRetryCodes(), "57P01")},
+		{"pgxpool/default codes", pp, nil},
+		{"pgxpool/57P01 listed", pp, append(pgxlanes.DefaultRetryCodes(), "57P01")},
 	} {
 		t.Run("RetryTx/"+tc.name, func(t *testing.T) {
 			attempts := 0
-			err := pgxlanes.RetryOptions{RetryCodes: tc.codes}.RetryTx(bg, p, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			err := pgxlanes.RetryOptions{RetryCodes: tc.codes}.RetryTx(bg, tc.db, pgx.TxOptions{}, func(tx pgx.Tx) error {
 				attempts++
 				if _, err := tx.Exec(bg, "insert into events (v) values ($1)", attempts); err != nil {
 					return err

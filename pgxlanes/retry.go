@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -148,10 +149,13 @@ type RetryOptions struct {
 //     *RetryError that matches ErrRetryGaveUp and the last attempt's error;
 //   - COMMIT failed with an outcome that cannot be known: a *RetryError that matches
 //     ErrRetryCommitUnknown. That is a Commit error that wraps ErrCommitOutcomeUnknown (even
-//     over a server's FATAL error: the session was terminated while COMMIT ran), or that
-//     carries no answer of the server's (no *pgconn.PgError): the connection was lost, or ctx
-//     ended, while COMMIT was in flight. The transaction may have committed. pgconn.SafeToRetry does not make a Commit error
-//     retryable: pgx marks "conn closed" safe to retry even when COMMIT was sent and committed.
+//     over a server's FATAL error: the session was terminated while COMMIT ran), that is a
+//     FATAL or PANIC of the server's (pgx's own Commit returns it as it is), or that carries no
+//     answer of the server's (no *pgconn.PgError): the connection was lost, or ctx ended, while
+//     COMMIT was in flight. The transaction may have committed. pgconn.SafeToRetry does not
+//     make a Commit error retryable: pgx marks "conn closed" safe to retry even when COMMIT was
+//     sent and committed. When fn ends the transaction itself (its own Commit or Rollback) and
+//     then returns an error, that error is taken for a Commit's, by the same rules.
 //
 // fn may run more than once, so it must have no effect outside its transaction, or only effects
 // that are idempotent: keyed with an idempotency key that a unique index makes the transaction
@@ -167,7 +171,7 @@ func RetryTx(ctx context.Context, db Beginner, txOptions pgx.TxOptions, fn func(
 // RetryTx is the package's RetryTx with the options o. Bad options are refused with an error
 // that names the field, before any attempt.
 func (o RetryOptions) RetryTx(ctx context.Context, db Beginner, txOptions pgx.TxOptions, fn func(pgx.Tx) error) error {
-	if db == nil {
+	if v := reflect.ValueOf(db); db == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return errors.New("pgxlanes: RetryTx: db is nil")
 	}
 	if fn == nil {
@@ -181,6 +185,12 @@ func (o RetryOptions) RetryTx(ctx context.Context, db Beginner, txOptions pgx.Tx
 		}
 		defer func() { _ = tx.Rollback(ctx) }() // after Commit, or on a panic of fn: a no-op or the rollback
 		if err := fn(tx); err != nil {
+			if errors.Is(tx.Rollback(ctx), pgx.ErrTxClosed) && ctx.Err() == nil {
+				// fn ended the transaction itself, by its own Commit or Rollback, before it
+				// failed: its error is taken for a Commit's, whose outcome may be unknown
+				// (pgx's "conn closed", which pgconn marks safe to retry).
+				return nil, err
+			}
 			return err, nil
 		}
 		return nil, tx.Commit(ctx)
@@ -350,7 +360,11 @@ func commitUnknown(err error) bool {
 		// while it was in flight: then the server may have committed.
 		return !pgconn.SafeToRetry(err)
 	case errors.As(err, &pe):
-		return false // the server answered COMMIT with an error: it rolled back
+		// The server answered COMMIT with an error: it rolled back. Not with a FATAL or PANIC:
+		// the session ends, and it may end after the commit (a terminate lands once the commit
+		// record is written), as pgxlanes' own Commit says (ErrCommitOutcomeUnknown); pgx's
+		// returns the server's error as it is.
+		return pe.Severity == "FATAL" || pe.Severity == "PANIC"
 	}
 	return true
 }

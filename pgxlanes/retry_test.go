@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -318,6 +319,8 @@ func TestRetryOptionsValidated(t *testing.T) {
 	}
 	assert.ErrorContains(t, pgxlanes.RetryOptions{}.Do(context.Background(), nil, nil), "attempt is nil")
 	assert.ErrorContains(t, pgxlanes.RetryTx(context.Background(), nil, pgx.TxOptions{}, func(pgx.Tx) error { return nil }), "db is nil")
+	assert.ErrorContains(t, pgxlanes.RetryTx(context.Background(), (*pgxlanes.Pool)(nil), pgx.TxOptions{}, func(pgx.Tx) error { return nil }), "db is nil")
+	assert.ErrorContains(t, pgxlanes.RetryTx(context.Background(), (*pgxpool.Pool)(nil), pgx.TxOptions{}, func(pgx.Tx) error { return nil }), "db is nil")
 	pool := newOfflinePool(t)
 	assert.ErrorContains(t, pgxlanes.RetryTx(context.Background(), pool, pgx.TxOptions{}, nil), "fn is nil")
 	// Off is valid for MaxElapsed; 1 attempt means no retry.

@@ -42,6 +42,11 @@ func RetryTxWith(ctx context.Context, db *sql.DB, o pgxlanes.RetryOptions, txOpt
 		}
 		defer func() { _ = tx.Rollback() }() // after Commit, or on a panic of fn: a no-op or the rollback
 		if err := fn(tx); err != nil {
+			if errors.Is(tx.Rollback(), sql.ErrTxDone) && ctx.Err() == nil {
+				// fn ended the transaction itself (database/sql also ends it when ctx ends):
+				// its error is taken for a Commit's, as pgxlanes.RetryTx does.
+				return nil, err
+			}
 			return err, nil
 		}
 		err = tx.Commit()

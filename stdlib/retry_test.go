@@ -204,29 +204,37 @@ func TestRetryTxReportsLane(t *testing.T) {
 
 // TestRetryTxCommitUnknown: the connection is lost while COMMIT is in flight, after the server
 // committed: RetryTx returns ErrRetryCommitUnknown after one attempt, and the transfer is applied
-// once.
+// once. The COMMIT is RetryTx's own, or fn's (fn commits and returns Commit's error).
 func TestRetryTxCommitUnknown(t *testing.T) {
-	dsn := pgserver.NewDatabase(t)
-	proxy := pgserver.NewProxy(t, dsn)
-	pool, err := pgxlanes.New(context.Background(), withParams(proxy.DSN(), "pool_max_conns=4"))
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	db := stdlib.OpenDBFromPool(pool)
-	t.Cleanup(func() { _ = db.Close() })
-	_, err = db.Exec(bank)
-	require.NoError(t, err)
-	ctx := context.Background()
-	tries := 0
-	err = stdlib.RetryTx(ctx, db, nil, func(tx *sql.Tx) error {
-		tries++
-		if err := sqlTransfer(ctx, tx, "once", 1, 2, 10); err != nil {
-			return err
-		}
-		require.NoError(t, proxy.SetBlackhole(faultproxy.Downstream, true))
-		time.AfterFunc(300*time.Millisecond, func() { proxy.Reset(); _ = proxy.Normal() })
-		return nil
-	})
-	require.ErrorIs(t, err, pgxlanes.ErrRetryCommitUnknown)
-	assert.Equal(t, 1, tries, "never retried")
-	checkLedger(t, db, map[string]bool{"once": true})
+	for _, fnCommits := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fn commits %v", fnCommits), func(t *testing.T) {
+			dsn := pgserver.NewDatabase(t)
+			proxy := pgserver.NewProxy(t, dsn)
+			pool, err := pgxlanes.New(context.Background(), withParams(proxy.DSN(), "pool_max_conns=4"))
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			db := stdlib.OpenDBFromPool(pool)
+			t.Cleanup(func() { _ = db.Close() })
+			_, err = db.Exec(bank)
+			require.NoError(t, err)
+			ctx := context.Background()
+			tries := 0
+			err = stdlib.RetryTx(ctx, db, nil, func(tx *sql.Tx) error {
+				tries++
+				if err := sqlTransfer(ctx, tx, "once", 1, 2, 10); err != nil {
+					return err
+				}
+				require.NoError(t, proxy.SetBlackhole(faultproxy.Downstream, true))
+				time.AfterFunc(300*time.Millisecond, func() { proxy.Reset(); _ = proxy.Normal() })
+				if fnCommits {
+					return tx.Commit()
+				}
+				return nil
+			})
+			t.Logf("%v after %d attempt(s)", err, tries)
+			require.ErrorIs(t, err, pgxlanes.ErrRetryCommitUnknown)
+			assert.Equal(t, 1, tries, "never retried")
+			checkLedger(t, db, map[string]bool{"once": true})
+		})
+	}
 }
