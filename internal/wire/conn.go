@@ -47,9 +47,10 @@ type Options struct {
 	// may acknowledge before it forwards the cancel.
 	Settle time.Duration
 	// ReplyWait is how long a drain waits for the reply of a cut request before it sends a
-	// cancel request (0: 2 ms). A statement of a millisecond, cut by a deadline that ended as
-	// its connection was handed over, needs none: a cancel request costs the server a process
-	// (PostgreSQL forks one for each), and the drain a round trip.
+	// cancel request (0: 2 ms; negative: none). A statement of a millisecond, cut by a deadline
+	// that ended as its connection was handed over, needs none: a cancel request costs the
+	// server a process (PostgreSQL forks one for each), and the drain a round trip. There is no
+	// wait inside a transaction block, nor for a cut COPY FROM STDIN.
 	ReplyWait time.Duration
 	// NoCancel turns cancel requests off (a pooler that cannot take them): a drain then waits for
 	// the request to end by itself, within Grace.
@@ -79,12 +80,16 @@ type request struct {
 	// mutates: it closes named prepared statements (or creates one whose name wire did not see
 	// whole), whose server state pgconn can no longer know if the request is ended early.
 	mutates bool
-	// parsed: the named prepared statements it creates, and parseDone the ParseCompletes read
-	// of it so far (the server answers its Parses in order, and skips the rest after an error).
-	// pgx takes a request that failed to have created none: if it is cut, the drain closes those
-	// the server created (Conn.undo).
-	parsed    []parseRef
-	parseDone int
+	// parsed: the named prepared statements it creates; parseSeen the ParseCompletes of it
+	// pgconn read, parseDone those read in all (the server answers its Parses in order, and
+	// skips the rest after an error). If it is cut, the drain closes the statements the server
+	// created whose ParseComplete pgconn never read (Conn.undo): pgx takes those as not created
+	// (a Prepare that failed before its ParseComplete; pgconn's pipeline returned an error
+	// before their descriptions). One whose ParseComplete pgconn read is its caller's to
+	// handle: pgx deallocates it (Conn.Prepare's failedDescribeStatement, a batch's
+	// invalidation), and a pipeline's caller may hold its description.
+	parsed               []parseRef
+	parseSeen, parseDone int
 }
 
 // parseRef is a named Parse of a request: ord is its place among the request's Parses.

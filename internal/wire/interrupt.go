@@ -226,6 +226,24 @@ func (c *Conn) consumeLocked() error {
 	return nil
 }
 
+// replyWait is how long the drain of a request cut in transaction status told waits for its
+// reply before the first cancel request: Options.ReplyWait, but none inside a transaction block
+// (pgconn was told it is aborted, 'E': a statement that ends by itself meanwhile leaves it 'T', and
+// the Conn would break), and none for a cut COPY FROM STDIN whose server waits for data (the
+// CopyFail comes first).
+func (c *Conn) replyWait(told byte) time.Duration {
+	c.mu.Lock()
+	copyCut := c.copyCut
+	c.mu.Unlock()
+	switch {
+	case told != 'I', copyCut, c.opts.ReplyWait < 0:
+		return 0
+	case c.opts.ReplyWait == 0:
+		return defaultReplyWait
+	}
+	return c.opts.ReplyWait
+}
+
 // defaultReplyWait is Options.ReplyWait's default.
 const defaultReplyWait = 2 * time.Millisecond
 
@@ -244,12 +262,8 @@ const copyFailMessage = "pgxlanes: the caller's context ended"
 // and each cancel is acknowledged (the backend signalled) before the next read.
 func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 	ok, err := c.skip() // what is already buffered may end it all
-	if !ok && err == nil {
+	if wait := c.replyWait(told); !ok && err == nil && wait > 0 {
 		// A request cut a moment before its reply needs no cancel request (Options.ReplyWait).
-		wait := c.opts.ReplyWait
-		if wait <= 0 {
-			wait = defaultReplyWait
-		}
 		until := time.Now().Add(wait)
 		if deadline.Before(until) {
 			until = deadline
@@ -278,8 +292,10 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 				break
 			}
 		}
+		// Without cancel requests too, the reads are in steps: a CopyInResponse that arrives
+		// meanwhile gets its CopyFail at the next.
 		until := deadline
-		if t := time.Now().Add(wait); !c.opts.NoCancel && t.Before(deadline) {
+		if t := time.Now().Add(wait); t.Before(deadline) {
 			until = t
 		}
 		ok, err = c.read(until)
@@ -287,11 +303,11 @@ func (c *Conn) drain(deadline time.Time, told byte, boundary bool) {
 			err = nil // not answered yet: cancel again
 		}
 	}
-	// The named statements the cut requests created (their ParseComplete read, by pgconn or
-	// by the drain): pgx takes them as not created (a Prepare that fails is not cached; a
-	// batch's are invalidated), and would fail to prepare them again under the same name. They
-	// are closed, so that the session has what pgx believes. A Parse the server refused (its
-	// name taken: a statement pgx may know) gets no Close.
+	// The named statements the cut requests created without pgconn knowing (their
+	// ParseComplete read by the drain only): pgx takes them as not created, and would fail to
+	// prepare them again under the same name (42P05). They are closed, so that the session has
+	// what pgx believes. A Parse the server refused (its name taken: a statement pgx may know)
+	// gets no Close, nor one whose ParseComplete pgconn read (request.parsed).
 	if undo := c.takeUndo(); ok && err == nil && acked && len(undo) > 0 {
 		ok, err = c.closeStatements(deadline, undo)
 	}
@@ -513,7 +529,7 @@ func (c *Conn) skip() (bool, error) {
 			}
 			if q = c.reqs[0]; q.cut {
 				for _, p := range q.parsed {
-					if p.ord < q.parseDone { // the server created it
+					if p.ord >= q.parseSeen && p.ord < q.parseDone { // created; pgconn never knew
 						c.undo = append(c.undo, p.name)
 					}
 				}

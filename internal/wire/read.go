@@ -400,6 +400,9 @@ func (c *Conn) ownedLocked(typ byte, body []byte) bool {
 			c.copyIn = true
 		}
 	case beParseDone:
+		if !swallow && len(c.reqs[0].parsed) > 0 {
+			c.reqs[0].parseSeen++ // pgconn reads it
+		}
 		c.parseDoneLocked()
 	case beComplete:
 		if !swallow && body != nil && changesSettings(body) {

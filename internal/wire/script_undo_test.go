@@ -2,15 +2,17 @@ package wire_test
 
 import (
 	"context"
+	"io"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/stretchr/testify/require"
 )
 
-// A request cut after the server created its named statements: the drain closes them, in one
-// request of its own, before the Conn is ready again.
+// A request cut before pgconn read the ParseComplete of the named statements the server then
+// created: the drain closes them, in one request of its own, before the Conn is ready again.
 
 // prepare runs pgconn's Prepare of name in the background; the server reads its Parse,
 // Describe and Sync.
@@ -46,17 +48,16 @@ func (s *script) expectClose(names ...string) {
 	require.True(s.t, ok, "want a Sync, got %T", m)
 }
 
-// cutPrepare cuts a Prepare of name after the server created the statement (its ParseComplete
-// sent, the Describe's reply not), in a session whose transaction status is tx.
+// cutPrepare cuts a Prepare of name, then the server creates the statement (its ParseComplete,
+// read by the drain only) and answers the cancel, in a session whose transaction status is tx.
 func (s *script) cutPrepare(name string, tx byte) {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := s.prepare(ctx, name, "select 1")
-	s.send(&pgproto3.ParseComplete{})
 	cancel()
 	requireCanceled(s.t, result(s.t, ch).err)
 	s.awaitCancel()
-	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: tx})
+	s.send(&pgproto3.ParseComplete{}, canceled(), &pgproto3.ReadyForQuery{TxStatus: tx})
 }
 
 func TestScriptCutPrepareIsClosed(t *testing.T) {
@@ -108,7 +109,6 @@ func TestScriptCutPipelineClosesEveryStatement(t *testing.T) {
 	}
 	_, ok := s.recv().(*pgproto3.Sync)
 	require.True(t, ok)
-	s.send(&pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{}, &pgproto3.ParseComplete{})
 	cancel()
 	select {
 	case err := <-done:
@@ -117,7 +117,8 @@ func TestScriptCutPipelineClosesEveryStatement(t *testing.T) {
 		t.Fatal("the pipeline did not return")
 	}
 	s.awaitCancel()
-	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	s.send(&pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{}, &pgproto3.ParseComplete{},
+		canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
 	s.expectClose("a", "b")
 	s.send(&pgproto3.CloseComplete{}, &pgproto3.CloseComplete{}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 	require.NoError(t, s.waitClean())
@@ -223,5 +224,146 @@ func TestScriptCutReplyWithinReplyWaitSendsNoCancel(t *testing.T) {
 	requireCanceled(t, result(t, ch).firstErr())
 	s.awaitCancel()
 	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+}
+
+// recvWithin returns the next frontend message, or nil if none comes within d.
+func (s *script) recvWithin(d time.Duration) pgproto3.FrontendMessage {
+	_ = s.srv.SetReadDeadline(time.Now().Add(d))
+	defer func() { _ = s.srv.SetReadDeadline(time.Time{}) }()
+	m, err := s.be.Receive()
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
+// A raw pipeline's caller handed the description of statement "a" (the server flushed its
+// ParseComplete, ParameterDescription and NoData) before the rest of the request was cut holds
+// "a", which PostgreSQL keeps: the drain does not close it, and the Conn is kept.
+func TestScriptDeliveredStatementIsKept(t *testing.T) {
+	s := newScript(t, scriptOptions)
+	ctx, cancel := context.WithCancel(context.Background())
+	got := make(chan any, 4)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		pl := s.pc.StartPipeline(ctx)
+		pl.SendPrepare("a", "select 1", nil)
+		pl.SendQueryParams("select pg_sleep(10)", nil, nil, nil, nil)
+		err := pl.Sync()
+		for err == nil {
+			var r any
+			r, err = pl.GetResults()
+			if rr, ok := r.(*pgconn.ResultReader); ok {
+				_, err = rr.Close()
+			}
+			got <- r
+		}
+		_ = pl.Close()
+		got <- err
+	}()
+	for range 6 { // Parse, Describe, Parse, Bind, Describe, Execute
+		s.recv()
+	}
+	_, ok := s.recv().(*pgproto3.Sync)
+	require.True(t, ok)
+	s.send(&pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{})
+	first := <-got
+	_, ok = first.(*pgconn.StatementDescription)
+	require.True(t, ok, "got %T", first)
+	cancel()
+	s.awaitCancel()
+	s.send(&pgproto3.ParseComplete{}, &pgproto3.BindComplete{}, canceled(), &pgproto3.ReadyForQuery{TxStatus: 'I'})
+	require.NoError(t, s.waitClean())
+	select {
+	case <-ended: // the pipeline is closed: pgconn is free
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pipeline did not end")
+	}
+	s.roundTrip() // the next message is the round trip's Query, not a Close
+}
+
+// cutCopy starts a CopyFrom whose source blocks, cuts it, and lets pgconn return; with
+// sendCopyIn, pgconn had the CopyInResponse first.
+func (s *script) cutCopy(sendCopyIn bool) {
+	s.t.Helper()
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.pc.CopyFrom(ctx, pr, "copy t from stdin")
+		done <- err
+	}()
+	require.Equal(s.t, "copy t from stdin", s.expectQuery())
+	if sendCopyIn {
+		s.send(&pgproto3.CopyInResponse{})
+		time.Sleep(50 * time.Millisecond) // pgconn reads it
+	}
+	cancel()
+	require.Eventually(s.t, s.w.Draining, time.Second, time.Millisecond)
+	_ = pw.Close()
+	select {
+	case err := <-done:
+		requireCanceled(s.t, err)
+	case <-time.After(5 * time.Second):
+		s.t.Fatal("CopyFrom did not return")
+	}
+}
+
+// The drain of a cut COPY FROM STDIN sends its CopyFail at once, with a ReplyWait longer than the
+// test (the server cannot answer before it); and, without cancel requests, also when the
+// CopyInResponse reaches the drain late (it read until its deadline, and the Conn broke).
+func TestScriptCutCopyGetsItsCopyFail(t *testing.T) {
+	copyFailed := func(s *script) {
+		t.Helper()
+		m := s.recvWithin(time.Second)
+		_, ok := m.(*pgproto3.CopyFail)
+		require.True(t, ok, "want the CopyFail within 1 s, got %T", m)
+		s.send(&pgproto3.ErrorResponse{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "57014", Message: "COPY from stdin failed"},
+			&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		require.NoError(t, s.waitClean())
+	}
+	t.Run("ReplyWait", func(t *testing.T) {
+		opts := scriptOptions
+		opts.ReplyWait = 10 * time.Second
+		s := newScript(t, opts)
+		s.cutCopy(true)
+		copyFailed(s)
+	})
+	t.Run("NoCancel, late CopyInResponse", func(t *testing.T) {
+		opts := scriptOptions
+		opts.NoCancel = true
+		opts.Grace = 3 * time.Second
+		s := newScript(t, opts)
+		s.cutCopy(false)
+		time.Sleep(100 * time.Millisecond) // past ReplyWait's 2 ms
+		s.send(&pgproto3.CopyInResponse{})
+		copyFailed(s)
+	})
+}
+
+// Inside a transaction block there is no ReplyWait: pgconn was told the transaction is aborted
+// ('E'), and a statement that ended by itself meanwhile would leave it 'T'. The cancel comes at
+// once, with a ReplyWait longer than the test.
+func TestScriptCutInTransactionCancelsAtOnce(t *testing.T) {
+	opts := scriptOptions
+	opts.ReplyWait = 10 * time.Second
+	s := newScript(t, opts)
+	ch := s.exec(context.Background(), "begin")
+	require.Equal(t, "begin", s.expectQuery())
+	s.send(&pgproto3.CommandComplete{CommandTag: []byte("BEGIN")}, &pgproto3.ReadyForQuery{TxStatus: 'T'})
+	require.NoError(t, result(t, ch).firstErr())
+	ctx, cancel := context.WithCancel(context.Background())
+	ch = s.exec(ctx, "select pg_sleep(100)")
+	require.Equal(t, "select pg_sleep(100)", s.expectQuery())
+	cancel()
+	requireCanceled(t, result(t, ch).firstErr())
+	select {
+	case <-s.cancel:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no cancel request within 2 s: the drain waited for the reply")
+	}
+	s.send(canceled(), &pgproto3.ReadyForQuery{TxStatus: 'E'})
 	require.NoError(t, s.waitClean())
 }
