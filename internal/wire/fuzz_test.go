@@ -46,6 +46,18 @@ func (c *memConn) push(chunks ...[]byte) {
 	c.mu.Unlock()
 }
 
+// pushChunks queues stream in chunks of fuzzed sizes (the whole of it, a third of the time).
+func (c *memConn) pushChunks(in *input, stream []byte) {
+	for len(stream) > 0 {
+		k := 1 + in.next(len(stream))
+		if in.next(3) == 0 {
+			k = len(stream)
+		}
+		c.push(stream[:k])
+		stream = stream[k:]
+	}
+}
+
 func (c *memConn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -256,14 +268,7 @@ func FuzzInterrupt(f *testing.F) {
 			for _, m := range append(append([]message{}, stagedReply...), own...) {
 				stream = append(stream, m.raw...)
 			}
-			for len(stream) > 0 {
-				k := 1 + in.next(len(stream))
-				if in.next(3) == 0 {
-					k = len(stream)
-				}
-				mc.push(stream[:k])
-				stream = stream[k:]
-			}
+			mc.pushChunks(in, stream)
 
 			// The client reads, with an interrupt after a fuzzed number of bytes.
 			interruptAt := -1

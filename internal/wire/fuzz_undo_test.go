@@ -105,15 +105,7 @@ func FuzzCutPrepare(f *testing.F) {
 			msgs = append(msgs, &pgproto3.ParseComplete{}, &pgproto3.ParameterDescription{}, &pgproto3.NoData{})
 		}
 		msgs = append(msgs, &pgproto3.ReadyForQuery{TxStatus: 'I'})
-		stream := encode(t, msgs...)
-		for len(stream) > 0 {
-			k := 1 + in.next(len(stream))
-			if in.next(3) == 0 {
-				k = len(stream)
-			}
-			mc.push(stream[:k])
-			stream = stream[k:]
-		}
+		mc.pushChunks(in, encode(t, msgs...))
 
 		// The client reads, with an interrupt after a fuzzed number of bytes.
 		interruptAt := -1
