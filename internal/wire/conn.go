@@ -158,7 +158,7 @@ type Conn struct {
 	hdr        [headerLen]byte // the start of a message header split across writes
 	nhdr       int             // bytes of it in hdr
 	extOpen    bool            // extended-protocol messages were written since the last Sync
-	extMutates bool            // and one closes a named statement, or creates one whose name is not whole
+	extMutates bool            // and one closes a statement, or creates one with a torn name
 	extCloses  bool            // and one of them closes a statement or portal
 	extParsed  []parseRef      // and these are the named statements their Parses create
 	extParses  int             // and this many Parses, named or not

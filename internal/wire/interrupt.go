@@ -553,8 +553,8 @@ func keepable(typ byte, q request) bool {
 	return false
 }
 
-// mutatedLocked reports whether a drained request closed named prepared statements (or created one wire did not see whole).
-// Caller must hold c.mu.
+// mutatedLocked reports whether a drained request closed named prepared statements (or created
+// one whose name wire did not see whole). Caller must hold c.mu.
 func (c *Conn) mutatedLocked() bool {
 	m := c.mutated
 	c.mutated = false
