@@ -46,6 +46,17 @@ func (c *memConn) push(chunks ...[]byte) {
 	c.mu.Unlock()
 }
 
+// newFuzzConn returns a wire.Conn over a memConn, its cancel requests acknowledged at once. A hang
+// is a failure: a watchdog closes the socket under every blocked call after 3 s.
+func newFuzzConn(t testing.TB) (*memConn, *wire.Conn) {
+	mc := newMemConn()
+	w := wire.New(mc, wire.Options{ResetSQL: "RESET ALL", Grace: 5 * time.Second})
+	w.SetCancel(func(context.Context) error { return nil })
+	watchdog := time.AfterFunc(3*time.Second, func() { _ = mc.Close() })
+	t.Cleanup(func() { watchdog.Stop() })
+	return mc, w
+}
+
 // pushChunks queues stream in chunks of fuzzed sizes (the whole of it, a third of the time).
 func (c *memConn) pushChunks(in *input, stream []byte) {
 	for len(stream) > 0 {
@@ -221,12 +232,7 @@ func FuzzInterrupt(f *testing.F) {
 	f.Add(bytes.Repeat([]byte{1, 2, 3, 4, 5, 6, 7}, 20))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &input{b: data}
-		mc := newMemConn()
-		w := wire.New(mc, wire.Options{ResetSQL: "RESET ALL", Grace: 5 * time.Second})
-		w.SetCancel(func(context.Context) error { return nil })
-		// A hang is a failure: the watchdog closes the socket under every blocked call.
-		watchdog := time.AfterFunc(3*time.Second, func() { _ = mc.Close() })
-		defer watchdog.Stop()
+		mc, w := newFuzzConn(t)
 		// Startup: bytes pass through until the first ReadyForQuery.
 		mc.push(encode(t, &pgproto3.AuthenticationOk{}, &pgproto3.ReadyForQuery{TxStatus: 'I'}))
 		got := readUntilReady(t, w, 1, 4096)

@@ -9,8 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/stretchr/testify/require"
-
-	"github.com/pgxlanes/pgxlanes/internal/wire"
 )
 
 // FuzzCutPrepare plays a request of pgconn's that creates named statements (one to three Parses,
@@ -29,11 +27,7 @@ func FuzzCutPrepare(f *testing.F) {
 	f.Add(bytes.Repeat([]byte{2, 5, 1, 0, 3}, 12))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &input{b: data}
-		mc := newMemConn()
-		w := wire.New(mc, wire.Options{ResetSQL: "RESET ALL", Grace: 5 * time.Second})
-		w.SetCancel(func(context.Context) error { return nil })
-		watchdog := time.AfterFunc(3*time.Second, func() { _ = mc.Close() })
-		defer watchdog.Stop()
+		mc, w := newFuzzConn(t)
 		mc.push(encode(t, &pgproto3.ReadyForQuery{TxStatus: 'I'}))
 		readUntilReady(t, w, 1, 4096)
 
